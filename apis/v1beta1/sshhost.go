@@ -1,0 +1,239 @@
+package v1beta1
+
+import (
+	"github.com/awslabs/operatorpkg/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ExecMode selects how phases run on a host.
+// +kubebuilder:validation:Enum=Raw;Verified
+type ExecMode string
+
+const (
+	// ExecModeRaw runs rendered phases as root via bash (sudo for non-root users).
+	ExecModeRaw ExecMode = "Raw"
+	// ExecModeVerified only runs offline-signed scripts through the host-side shim.
+	ExecModeVerified ExecMode = "Verified"
+)
+
+// SSHHostSpec describes one pre-existing machine reachable over SSH.
+// +kubebuilder:validation:XValidation:rule="self.execMode != 'Verified' || (has(self.trustedSigners) && size(self.trustedSigners) > 0)",message="execMode Verified requires at least one trustedSigners entry"
+type SSHHostSpec struct {
+	// Address is the IP or DNS name the controller dials. Immutable: a host at
+	// another address is another host.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="address is immutable; delete and recreate the SSHHost to change it"
+	// +kubebuilder:validation:XValidation:rule="isIP(self) || self.matches('^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\\\\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$')",message="address must be an IP address or a DNS name"
+	Address string `json:"address"`
+	// Port is the SSH port.
+	// +kubebuilder:default=22
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+	// User is the SSH login. A non-root user needs passwordless sudo in Raw mode.
+	// +kubebuilder:default=root
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`
+	// +optional
+	User string `json:"user,omitempty"`
+	// SSHKeySecretRef names a Secret in the pool namespace holding `privateKey`
+	// (PEM) and optionally `knownHost` (a SHA256: fingerprint, a known_hosts line
+	// or a public-key line), which is authoritative over the TOFU pin.
+	SSHKeySecretRef LocalObjectReference `json:"sshKeySecretRef"`
+	// NodeAddress is the IP the node advertises; defaults to address.
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="nodeAddress must be an IP address"
+	// +optional
+	NodeAddress string `json:"nodeAddress,omitempty"`
+	// Capacity is what the host offers; must hold cpu and memory. Extended
+	// resources pass through; pods is honoured unless the node class sets maxPods.
+	// +kubebuilder:validation:XValidation:rule="'cpu' in self && 'memory' in self",message="capacity must hold cpu and memory"
+	Capacity corev1.ResourceList `json:"capacity"`
+	// ExecMode is Raw (default) or Verified (only signed scripts run).
+	// +kubebuilder:default=Raw
+	// +optional
+	ExecMode ExecMode `json:"execMode,omitempty"`
+	// TrustedSigners are OpenSSH public-key lines whose signatures Verified mode accepts.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +optional
+	TrustedSigners []TrustedSigner `json:"trustedSigners,omitempty"`
+	// ShimCommand overrides how the shim is invoked on a Verified host.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	ShimCommand string `json:"shimCommand,omitempty"`
+}
+
+// TrustedSigner is one OpenSSH public-key line (`<type> <base64> [comment]`).
+// +kubebuilder:validation:MaxLength=16384
+// +kubebuilder:validation:Pattern=`^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,2}( [^\n]*)?$`
+type TrustedSigner string
+
+// LocalObjectReference names an object in the same (or the pool) namespace.
+type LocalObjectReference struct {
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// HostState is the host's position in the lifecycle (SPEC §2).
+// +kubebuilder:validation:Enum=Pending;Available;Claimed;InUse;Unhealthy;Leaving;Maintenance
+type HostState string
+
+const (
+	HostPending     HostState = "Pending"
+	HostAvailable   HostState = "Available"
+	HostClaimed     HostState = "Claimed"
+	HostInUse       HostState = "InUse"
+	HostUnhealthy   HostState = "Unhealthy"
+	HostLeaving     HostState = "Leaving"
+	HostMaintenance HostState = "Maintenance"
+)
+
+// ClaimRef binds a host to exactly one NodeClaim object (name and UID).
+type ClaimRef struct {
+	// +kubebuilder:validation:MinLength=1
+	Name string    `json:"name"`
+	UID  types.UID `json:"uid"`
+}
+
+// Phase names a lifecycle phase of a join profile.
+// +kubebuilder:validation:Enum=install;join;leave;uninstall
+type Phase string
+
+const (
+	PhaseInstall   Phase = "install"
+	PhaseJoin      Phase = "join"
+	PhaseLeave     Phase = "leave"
+	PhaseUninstall Phase = "uninstall"
+)
+
+// PhaseResult is the outcome of one phase run.
+// +kubebuilder:validation:Enum=Succeeded;Failed;TimedOut;Rejected
+type PhaseResult string
+
+const (
+	PhaseSucceeded PhaseResult = "Succeeded"
+	PhaseFailed    PhaseResult = "Failed"
+	PhaseTimedOut  PhaseResult = "TimedOut"
+	PhaseRejected  PhaseResult = "Rejected"
+)
+
+// LastPhase records the most recent phase run on a host, redacted.
+type LastPhase struct {
+	Phase     Phase       `json:"phase"`
+	Result    PhaseResult `json:"result"`
+	StartedAt metav1.Time `json:"startedAt"`
+	// Duration of the run, e.g. "4.2s".
+	// +optional
+	Duration metav1.Duration `json:"duration,omitempty"`
+	// FailedTask is the name of the Ansible task that failed, if any.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	FailedTask string `json:"failedTask,omitempty"`
+	// Message is a redacted tail of the failure output.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// SSHHostStatus is owned by the controller; every write is a compare-and-swap.
+type SSHHostStatus struct {
+	// State; empty means Pending.
+	// +optional
+	State HostState `json:"state,omitempty"`
+	// Conditions: Ready mirrors state.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []status.Condition `json:"conditions,omitempty"`
+	// ClaimRef is the NodeClaim holding this host.
+	// +optional
+	ClaimRef *ClaimRef `json:"claimRef,omitempty"`
+	// InstalledProfile is the install cache marker `<profile>@<version>`.
+	// +optional
+	InstalledProfile string `json:"installedProfile,omitempty"`
+	// BootstrapTokenID is the id of the token minted for the current join.
+	// +optional
+	BootstrapTokenID string `json:"bootstrapTokenID,omitempty"`
+	// ProviderID recorded after a successful join.
+	// +optional
+	ProviderID string `json:"providerID,omitempty"`
+	// HostKeyFingerprint is the pinned host key, `SHA256:<base64>`.
+	// +optional
+	HostKeyFingerprint string `json:"hostKeyFingerprint,omitempty"`
+	// ObservedCapacity is what the last probe measured.
+	// +optional
+	ObservedCapacity corev1.ResourceList `json:"observedCapacity,omitempty"`
+	// ObservedArch is amd64, arm64 or the raw `uname -m`.
+	// +optional
+	ObservedArch string `json:"observedArch,omitempty"`
+	// ObservedGeneration is the spec generation the last probe saw.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// +optional
+	LastProbeTime *metav1.Time `json:"lastProbeTime,omitempty"`
+	// +optional
+	LastProbeError string `json:"lastProbeError,omitempty"`
+	// LastPhase is the last phase run on this host.
+	// +optional
+	LastPhase *LastPhase `json:"lastPhase,omitempty"`
+}
+
+// SSHHost is one machine of the pool.
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:path=sshhosts,scope=Namespaced,categories=karpenter,shortName=sshh
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.address`
+// +kubebuilder:printcolumn:name="Class",type=string,JSONPath=`.metadata.labels.karpenter\.dklesev\.github\.io/host-class`
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Claim",type=string,JSONPath=`.status.claimRef.name`
+// +kubebuilder:printcolumn:name="Installed",type=string,JSONPath=`.status.installedProfile`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type SSHHost struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   SSHHostSpec   `json:"spec"`
+	Status SSHHostStatus `json:"status,omitempty"`
+}
+
+// SSHHostList is a list of SSHHosts.
+// +kubebuilder:object:root=true
+type SSHHostList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []SSHHost `json:"items"`
+}
+
+// ConditionReady is the one condition SSHHost and SSHNodeClass publish.
+const ConditionReady = status.ConditionReady
+
+func (in *SSHHost) StatusConditions(opts ...status.ForOption) status.ConditionSet {
+	return status.NewReadyConditions().For(in, opts...)
+}
+func (in *SSHHost) GetConditions() []status.Condition  { return in.Status.Conditions }
+func (in *SSHHost) SetConditions(c []status.Condition) { in.Status.Conditions = c }
+
+// CurrentState returns the state with the empty value read as Pending.
+func (in *SSHHost) CurrentState() HostState {
+	if in.Status.State == "" {
+		return HostPending
+	}
+	return in.Status.State
+}
+
+// Class returns the host class (label, or "default").
+func (in *SSHHost) Class() string { return HostClass(in.Labels) }
+
+// InMaintenance reports whether the maintenance annotation is present.
+func (in *SSHHost) InMaintenance() bool {
+	_, ok := in.Annotations[AnnotationMaintenance]
+	return ok
+}

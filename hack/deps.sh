@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests and the test world need. Idempotent:
+# does nothing when every package is present. Needs root and Debian's apt.
+set -euo pipefail
+
+pkgs=(debootstrap systemd-container iproute2 openssh-client ansible-core kmod iptables)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "deps: missing packages (${missing[*]}) and not root: run 'sudo apt-get install ${missing[*]}'" >&2
+  exit 1
+fi
+command -v apt-get >/dev/null || { echo "deps: apt-get not found; install ${missing[*]} by hand" >&2; exit 1; }
+
+# This machine's PID 1 is not systemd: package postinsts must not start services.
+guard=/usr/sbin/policy-rc.d
+made_guard=0
+if [ ! -e "$guard" ]; then
+  printf '#!/bin/sh\nexit 101\n' >"$guard"; chmod 0755 "$guard"; made_guard=1
+fi
+trap '[ "$made_guard" = 1 ] && rm -f "$guard"' EXIT
+
+echo "deps: installing ${missing[*]}" >&2
+apt-get update -qq >&2 || { echo "deps: apt-get update failed" >&2; exit 1; }
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 \
+  || { echo "deps: apt-get install ${missing[*]} failed" >&2; exit 1; }
