@@ -31,7 +31,7 @@ func ParseKnownHost(s string) (string, error) {
 	}
 	if strings.HasPrefix(s, "SHA256:") {
 		raw := strings.TrimPrefix(s, "SHA256:")
-		b, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(raw, "="))
+		b, err := base64.RawStdEncoding.Strict().DecodeString(strings.TrimRight(raw, "="))
 		if err != nil || len(b) != 32 {
 			return "", fmt.Errorf("knownHost %q is not a SHA256 fingerprint (want SHA256: and 43 base64 characters)", truncate(s, 60))
 		}

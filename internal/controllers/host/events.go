@@ -1,0 +1,47 @@
+package host
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/karpenter/pkg/events"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+)
+
+// Event reasons on SSHHost objects (operators alert on these; keep the names).
+const (
+	ReasonCapacityDrift     = "CapacityDrift"
+	ReasonZombieKubelet     = "ZombieKubelet"
+	ReasonZombieLeft        = "ZombieLeft"
+	ReasonZombieLeaveFailed = "ZombieLeaveFailed"
+	ReasonForeignKubelet    = "ForeignKubelet"
+)
+
+func capacityDrift(h *v1beta1.SSHHost, shortfall string) events.Event {
+	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonCapacityDrift,
+		Message:      fmt.Sprintf("probe measured less than spec.capacity: %s", shortfall),
+		DedupeValues: []string{string(h.UID), shortfall}}
+}
+
+func zombieKubelet(h *v1beta1.SSHHost) events.Event {
+	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonZombieKubelet,
+		Message:      "kubelet active on an unclaimed host; running the profile's leave (fix the profile's leave: it must disable kubelet and containerd)",
+		DedupeValues: []string{string(h.UID)}}
+}
+
+func zombieLeft(h *v1beta1.SSHHost) events.Event {
+	return events.Event{InvolvedObject: h, Type: corev1.EventTypeNormal, Reason: ReasonZombieLeft,
+		Message: "zombie kubelet stopped and its Node deleted; host is back in the pool", DedupeValues: []string{string(h.UID)}}
+}
+
+func zombieLeaveFailed(h *v1beta1.SSHHost, err error) events.Event {
+	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonZombieLeaveFailed,
+		Message: fmt.Sprintf("leave on a zombie kubelet failed, retrying each probe: %v", err), DedupeValues: []string{string(h.UID)}}
+}
+
+func foreignKubelet(h *v1beta1.SSHHost) events.Event {
+	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonForeignKubelet,
+		Message:      "a kubelet not started by kpssh runs on this host (no matching Node, no install marker); parked Unhealthy, nothing touched",
+		DedupeValues: []string{string(h.UID)}}
+}

@@ -1,0 +1,48 @@
+package host
+
+import (
+	"context"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+)
+
+// repairStaleClaim releases a host whose NodeClaim is gone or was replaced by
+// another object of the same name (UID mismatch) — the repair path for a
+// force-deleted NodeClaim. A live claim ends the reconcile: claimed hosts are
+// the provider's, not the probe's.
+func (c *Controller) repairStaleClaim(ctx context.Context, h *v1beta1.SSHHost) (reconcile.Result, bool, error) {
+	ref := h.Status.ClaimRef
+	if ref == nil {
+		return reconcile.Result{}, false, nil
+	}
+	nc := &karpv1.NodeClaim{}
+	err := c.Client.Get(ctx, client.ObjectKey{Name: ref.Name}, nc)
+	switch {
+	case err == nil && nc.UID == ref.UID:
+		return reconcile.Result{RequeueAfter: c.Interval}, true, nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return reconcile.Result{}, true, err
+	}
+	// Delete the token before forgetting its id: a crash in between must not
+	// leave an unrecorded token in kube-system.
+	if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil {
+		return reconcile.Result{}, true, err
+	}
+	orig := h.DeepCopy()
+	h.Status.ClaimRef = nil
+	h.Status.BootstrapTokenID = ""
+	h.Status.ProviderID = ""
+	setState(h, v1beta1.HostPending, "released: NodeClaim "+ref.Name+" no longer exists", metav1.NewTime(c.Clock.Now()))
+	if err := patchStatus(ctx, c.Client, orig, h); err != nil {
+		return reconcile.Result{}, true, err
+	}
+	log.FromContext(ctx).Info("released stale claim", "nodeclaim", ref.Name, "uid", ref.UID)
+	return reconcile.Result{Requeue: true}, true, nil
+}

@@ -1,0 +1,124 @@
+package host
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/probe"
+	"github.com/dklesev/kpssh/internal/providers/hostkey"
+)
+
+// zombie is the seed's flowchart for a kubelet active on an unclaimed host.
+// Not ours (no matching Node and no install marker) → park Unhealthy and
+// touch nothing. Ours → CAS to Leaving first (fences a racing claim, which
+// only takes Available hosts), run leave, check the kubelet is really
+// stopped, and only then delete the Node — or it simply re-registers.
+func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostkey.Credentials, res probe.Result) (reconcile.Result, bool, error) {
+	node, err := c.matchingNode(ctx, h)
+	if err != nil {
+		return reconcile.Result{}, true, err
+	}
+	now := metav1.NewTime(c.Clock.Now())
+	if node == nil && h.Status.InstalledProfile == "" {
+		orig := h.DeepCopy()
+		recordProbe(h, creds, res, now)
+		h.Status.LastProbeError = "foreign kubelet active: no Node matches the host and it has no install marker"
+		setState(h, v1beta1.HostUnhealthy, h.Status.LastProbeError, now)
+		first := orig.Status.LastProbeError != h.Status.LastProbeError
+		if err := patchStatus(ctx, c.Client, orig, h); err != nil {
+			return reconcile.Result{}, true, err
+		}
+		if first {
+			zombieActions.WithLabelValues(ActionParkedForeign).Inc()
+			c.Recorder.Publish(foreignKubelet(h))
+		}
+		return reconcile.Result{RequeueAfter: c.Interval}, true, nil
+	}
+
+	orig := h.DeepCopy()
+	setState(h, v1beta1.HostLeaving, "zombie kubelet: running leave", now)
+	if err := patchStatus(ctx, c.Client, orig, h); err != nil {
+		return reconcile.Result{}, true, err
+	}
+	c.Recorder.Publish(zombieKubelet(h))
+	log.FromContext(ctx).Info("zombie kubelet on unclaimed host; leaving", "node", nodeName(node))
+
+	leaveErr := c.Leaver.Leave(ctx, h, creds)
+	var after probe.Result
+	if leaveErr == nil {
+		// Verify before deleting the Node: a leave that exits 0 but leaves the
+		// kubelet running would just re-register it.
+		after, leaveErr = c.Prober(ctx, creds.Target(h), h.Spec.ExecMode == v1beta1.ExecModeVerified, h.Spec.ShimCommand, c.Timeout)
+		if leaveErr == nil && after.Facts.KubeletActive {
+			leaveErr = fmt.Errorf("leave exited 0 but kubelet is still active")
+		}
+	}
+	if leaveErr == nil && node != nil {
+		if err := c.Client.Delete(ctx, node); err != nil && !apierrors.IsNotFound(err) {
+			leaveErr = fmt.Errorf("delete node %s: %w", node.Name, err)
+		}
+	}
+	if leaveErr != nil {
+		orig := h.DeepCopy()
+		now = metav1.NewTime(c.Clock.Now())
+		recordProbe(h, creds, res, now)
+		h.Status.LastProbeError = "zombie leave failed: " + leaveErr.Error()
+		setState(h, v1beta1.HostUnhealthy, h.Status.LastProbeError, now)
+		zombieActions.WithLabelValues(ActionLeaveFailed).Inc()
+		c.Recorder.Publish(zombieLeaveFailed(h, leaveErr))
+		return reconcile.Result{RequeueAfter: c.Interval}, true, patchStatus(ctx, c.Client, orig, h)
+	}
+	zombieActions.WithLabelValues(ActionLeft).Inc()
+	c.Recorder.Publish(zombieLeft(h))
+	return reconcile.Result{RequeueAfter: c.Interval}, true, c.probeSucceeded(ctx, h, creds, after, "zombie kubelet left; host back in the pool")
+}
+
+// matchingNode finds the Node this host's kubelet registered: by providerID
+// recorded on the host, else by InternalIP equal to the node address.
+func (c *Controller) matchingNode(ctx context.Context, h *v1beta1.SSHHost) (*corev1.Node, error) {
+	nodes := &corev1.NodeList{}
+	if err := c.Client.List(ctx, nodes); err != nil {
+		return nil, err
+	}
+	ip := h.Spec.NodeAddress
+	if ip == "" {
+		ip = h.Spec.Address
+	}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if h.Status.ProviderID != "" && n.Spec.ProviderID == h.Status.ProviderID {
+			return n, nil
+		}
+		for _, a := range n.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP && a.Address == ip {
+				return n, nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+func (c *Controller) deleteMatchingNode(ctx context.Context, h *v1beta1.SSHHost) error {
+	node, err := c.matchingNode(ctx, h)
+	if err != nil || node == nil {
+		return err
+	}
+	if err := c.Client.Delete(ctx, node); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+func nodeName(n *corev1.Node) string {
+	if n == nil {
+		return ""
+	}
+	return n.Name
+}
