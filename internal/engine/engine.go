@@ -1,0 +1,139 @@
+// Package engine runs one join-profile phase (install, join, leave,
+// uninstall) on one host as an ansible-playbook run, and maps the run back to
+// an outcome. It knows nothing about Kubernetes: the caller resolves hosts,
+// profiles, secrets and tokens and hands in plain values.
+//
+// A run renders a private directory (0700, on tmpfs when available) holding a
+// one-host inventory, the SSH key, a known_hosts with only the pinned host
+// key, an ansible.cfg, the playbook and a 0600 variables file; runs
+// ansible-playbook in its own process group with a minimal environment and
+// the project's JSON-lines stdout callback; parses the event stream; and
+// removes the directory and every process of the run (ControlPersist master
+// included) on every exit path. Everything returned is redacted.
+//
+// See docs/engine.md for the design and the reasons behind it.
+package engine
+
+import (
+	"context"
+	"time"
+)
+
+// Phase is one step of a join profile.
+type Phase string
+
+const (
+	PhaseInstall   Phase = "install"
+	PhaseJoin      Phase = "join"
+	PhaseLeave     Phase = "leave"
+	PhaseUninstall Phase = "uninstall"
+)
+
+// Valid reports whether p is a known phase.
+func (p Phase) Valid() bool {
+	switch p {
+	case PhaseInstall, PhaseJoin, PhaseLeave, PhaseUninstall:
+		return true
+	}
+	return false
+}
+
+// Connection is how to reach the host.
+type Connection struct {
+	Address string // IP or DNS name
+	Port    int32  // 0 means 22
+	User    string // "" means root; non-root needs passwordless sudo
+	// PrivateKey is the PEM/OpenSSH private key (never logged, written 0600
+	// into the run directory only).
+	PrivateKey []byte
+	// HostKey is the pinned public-key line ("ssh-ed25519 AAAA…"). Required:
+	// the engine never trusts on first use. See FetchHostKey.
+	HostKey string
+}
+
+// Source is what the phase runs: exactly one of the fields is set.
+type Source struct {
+	// Script is a bash body, a Go text/template (seed-compatible).
+	Script string
+	// Tasks is an inline Ansible task list (YAML).
+	Tasks string
+	// Role is a role name (or collection FQCN) whose tasks/<phase>.yml runs.
+	Role string
+}
+
+// Context is the data given to a phase (KPSSH_* environment, template data,
+// Ansible variables). The engine enforces the contract whatever the caller
+// passes: leave gets only HostAddress/NodeAddress, install and uninstall get
+// no bootstrap token.
+type Context struct {
+	ClusterEndpoint string
+	ClusterCAB64    string
+	BootstrapToken  string // "<id>.<secret>", join only
+	NodeName        string
+	ProviderID      string
+	HostAddress     string
+	NodeAddress     string
+	NodeLabels      string
+	Taints          string
+	// Vars are non-secret values (node class vars over profile defaults);
+	// keys are shell identifiers.
+	Vars map[string]string
+	// Secrets are the joinSecretRef values; keys are shell identifiers,
+	// exported upper-cased as KPSSH_SECRET_<KEY>.
+	Secrets map[string]string
+}
+
+// Request is one phase run.
+type Request struct {
+	Phase   Phase
+	Conn    Connection
+	Source  Source
+	Context Context
+	// Timeout bounds the whole run; 0 means Options.DefaultTimeout.
+	Timeout time.Duration
+	// Redact lists extra values to scrub from everything returned (values
+	// shorter than MinRedactLen are ignored).
+	Redact []string
+}
+
+// Outcome is how a phase ended.
+type Outcome string
+
+const (
+	// Succeeded: every task ran and succeeded.
+	Succeeded Outcome = "Succeeded"
+	// Failed: a task failed on the host, or the host was unreachable.
+	Failed Outcome = "Failed"
+	// TimedOut: the run exceeded its timeout (or its context ended) and was
+	// interrupted, then killed.
+	TimedOut Outcome = "TimedOut"
+	// ConfigError: the phase could not be started — bad template, invalid
+	// variable name, unknown role, playbook syntax error, missing phase… The
+	// host was not reached.
+	ConfigError Outcome = "ConfigError"
+)
+
+// Result is the redacted outcome of a run.
+type Result struct {
+	Outcome  Outcome
+	Duration time.Duration
+	// FailedTask names the failed (or, for TimedOut, the running) task.
+	FailedTask string
+	// RC is the failed task's return code (the script's exit status for
+	// script profiles; 255 when ssh failed), 0 when there is none.
+	RC int
+	// ExitCode is ansible-playbook's own exit status (0 ok, 2 a host failed,
+	// 4 unreachable or parse error, …); -1 when it was killed or never ran.
+	ExitCode int
+	// Message is a redacted, bounded tail explaining the outcome.
+	Message string
+	// Touched reports whether the host was reached (an authenticated SSH
+	// session ran at least the engine's connect check). False for config
+	// errors, connection failures and host key mismatches.
+	Touched bool
+}
+
+// Engine runs phases.
+type Engine interface {
+	Run(ctx context.Context, req Request) Result
+}
