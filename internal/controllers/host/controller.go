@@ -6,8 +6,10 @@ package host
 
 import (
 	"context"
+	"errors"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/clock"
 	controllerruntime "sigs.k8s.io/controller-runtime"
@@ -16,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/events"
@@ -67,6 +70,12 @@ func New(c client.Client, rec events.Recorder, namespace string) *Controller {
 // Register adds the controller to mgr. NodeClaim deletions wake the host
 // holding the claim so stale-claim repair does not wait for a probe interval.
 func (c *Controller) Register(mgr manager.Manager) error {
+	if err := crmetrics.Registry.Register(NewPoolCollector(mgr.GetClient(), c.Namespace)); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return err
+		}
+	}
 	return controllerruntime.NewControllerManagedBy(mgr).
 		Named("host").
 		For(&v1beta1.SSHHost{}).

@@ -2,6 +2,9 @@ package host
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
 	"errors"
 	"strings"
 	"sync"
@@ -9,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -104,8 +108,17 @@ func newHost(name string, mut ...func(*v1beta1.SSHHost)) *v1beta1.SSHHost {
 	return h
 }
 
+var testKeyPEM = func() []byte {
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	blk, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		panic(err)
+	}
+	return pem.EncodeToMemory(blk)
+}()
+
 func keySecret(knownHost string) *corev1.Secret {
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "key", Namespace: ns}, Data: map[string][]byte{"privateKey": []byte("PEM")}}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "key", Namespace: ns}, Data: map[string][]byte{"privateKey": testKeyPEM}}
 	if knownHost != "" {
 		s.Data["knownHost"] = []byte(knownHost)
 	}
@@ -550,5 +563,39 @@ func TestHostOutsidePoolNamespaceIgnored(t *testing.T) {
 	}
 	if w.prober.calls != 0 {
 		t.Fatal("probed a host outside the pool namespace")
+	}
+}
+
+func TestPoolCollector(t *testing.T) {
+	w := newWorld(t, nil,
+		newHost("a", func(h *v1beta1.SSHHost) { h.Status.State = v1beta1.HostAvailable }),
+		newHost("b", func(h *v1beta1.SSHHost) {
+			h.Labels = map[string]string{v1beta1.LabelHostClass: "big"}
+			h.Status.State = v1beta1.HostInUse
+		}),
+		newHost("c"), // empty state counts as Pending in class default
+		newHost("d", func(h *v1beta1.SSHHost) { h.Namespace = "elsewhere" }),
+	)
+	col := NewPoolCollector(w.c, ns)
+	want := `
+# HELP kpssh_pool_hosts Hosts in the pool by state and host class.
+# TYPE kpssh_pool_hosts gauge
+kpssh_pool_hosts{class="big",state="Available"} 0
+kpssh_pool_hosts{class="big",state="Claimed"} 0
+kpssh_pool_hosts{class="big",state="InUse"} 1
+kpssh_pool_hosts{class="big",state="Leaving"} 0
+kpssh_pool_hosts{class="big",state="Maintenance"} 0
+kpssh_pool_hosts{class="big",state="Pending"} 0
+kpssh_pool_hosts{class="big",state="Unhealthy"} 0
+kpssh_pool_hosts{class="default",state="Available"} 1
+kpssh_pool_hosts{class="default",state="Claimed"} 0
+kpssh_pool_hosts{class="default",state="InUse"} 0
+kpssh_pool_hosts{class="default",state="Leaving"} 0
+kpssh_pool_hosts{class="default",state="Maintenance"} 0
+kpssh_pool_hosts{class="default",state="Pending"} 1
+kpssh_pool_hosts{class="default",state="Unhealthy"} 0
+`
+	if err := testutil.CollectAndCompare(col, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,8 +1,14 @@
 package host
 
 import (
+	"context"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
 )
 
 // Zombie guard actions (label values of kpssh_host_zombie_actions_total).
@@ -27,3 +33,50 @@ var (
 func init() {
 	crmetrics.Registry.MustRegister(probeDuration, zombieActions)
 }
+
+// poolCollector computes kpssh_pool_hosts{state,class} on scrape from the
+// informer cache, so the gauge is never stale and costs nothing between
+// scrapes. Every state is emitted per known class (zeros included) so
+// `sum by (class) (kpssh_pool_hosts{state="Available"})` works on an
+// exhausted class.
+type poolCollector struct {
+	reader    client.Reader
+	namespace string
+	desc      *prometheus.Desc
+}
+
+// NewPoolCollector returns the kpssh_pool_hosts collector for a pool namespace.
+func NewPoolCollector(r client.Reader, namespace string) prometheus.Collector {
+	return &poolCollector{reader: r, namespace: namespace, desc: prometheus.NewDesc(
+		"kpssh_pool_hosts", "Hosts in the pool by state and host class.", []string{"state", "class"}, nil)}
+}
+
+func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
+
+func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	list := &v1beta1.SSHHostList{}
+	if err := p.reader.List(ctx, list, client.InNamespace(p.namespace)); err != nil {
+		ch <- prometheus.NewInvalidMetric(p.desc, err)
+		return
+	}
+	counts := map[string]map[v1beta1.HostState]int{}
+	for i := range list.Items {
+		h := &list.Items[i]
+		cls := h.Class()
+		if counts[cls] == nil {
+			counts[cls] = map[v1beta1.HostState]int{}
+		}
+		counts[cls][h.CurrentState()]++
+	}
+	for cls, byState := range counts {
+		for _, st := range AllStates {
+			ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(byState[st]), string(st), cls)
+		}
+	}
+}
+
+// AllStates lists every host state in lifecycle order.
+var AllStates = []v1beta1.HostState{v1beta1.HostPending, v1beta1.HostAvailable, v1beta1.HostClaimed,
+	v1beta1.HostInUse, v1beta1.HostUnhealthy, v1beta1.HostLeaving, v1beta1.HostMaintenance}

@@ -5,8 +5,10 @@ package hostkey
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -53,6 +55,14 @@ func (p *provider) Get(ctx context.Context, host *v1beta1.SSHHost) (Credentials,
 	pk := s.Data[KeyPrivateKey]
 	if len(pk) == 0 {
 		return Credentials{}, fmt.Errorf("ssh key secret %s/%s has no %q", key.Namespace, key.Name, KeyPrivateKey)
+	}
+	if _, err := ssh.ParsePrivateKey(pk); err != nil {
+		var pp *ssh.PassphraseMissingError
+		if errors.As(err, &pp) {
+			return Credentials{}, fmt.Errorf("ssh key secret %s/%s: %s is passphrase-protected; kpssh needs an unencrypted key", key.Namespace, key.Name, KeyPrivateKey)
+		}
+		// The parser's own message is not relayed: keep key bytes out of errors.
+		return Credentials{}, fmt.Errorf("ssh key secret %s/%s: %s is not a PEM or OpenSSH private key", key.Namespace, key.Name, KeyPrivateKey)
 	}
 	c := Credentials{PrivateKey: pk, PinnedFingerprint: host.Status.HostKeyFingerprint}
 	if kh := s.Data[KeyKnownHost]; len(kh) > 0 {
