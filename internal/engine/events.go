@@ -1,0 +1,194 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// Event is one line of the kpssh_events stdout callback
+// (playbooks/collections/ansible_collections/dklesev/kpssh/plugins/callback/kpssh_events.py).
+type Event struct {
+	V     int    `json:"v"`
+	Event string `json:"event"` // start play task ok failed unreachable skipped no_hosts no_hosts_remaining stats
+	Name  string `json:"name,omitempty"`
+	Task  string `json:"task,omitempty"`
+	Host  string `json:"host,omitempty"`
+	// Internal marks the engine's own tasks ("connect", "script").
+	Internal        string `json:"internal,omitempty"`
+	Handler         bool   `json:"handler,omitempty"`
+	Changed         bool   `json:"changed,omitempty"`
+	IgnoreErrors    bool   `json:"ignore_errors,omitempty"`
+	Censored        bool   `json:"censored,omitempty"`
+	RC              *int   `json:"rc,omitempty"`
+	Msg             string `json:"msg,omitempty"`
+	MsgTruncated    bool   `json:"msg_truncated,omitempty"`
+	Stdout          string `json:"stdout,omitempty"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	Stderr          string `json:"stderr,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	Exception       string `json:"exception,omitempty"`
+	Hosts           int    `json:"hosts,omitempty"`
+	Totals          *Stats `json:"totals,omitempty"`
+}
+
+// Stats are the playbook's final per-host counters, summed.
+type Stats struct {
+	OK          int `json:"ok"`
+	Changed     int `json:"changed"`
+	Failures    int `json:"failures"`
+	Unreachable int `json:"unreachable"`
+	Skipped     int `json:"skipped"`
+	Rescued     int `json:"rescued"`
+	Ignored     int `json:"ignored"`
+}
+
+// Internal task markers (task var kpssh_internal).
+const (
+	internalConnect = "connect"
+	internalScript  = "script"
+)
+
+// EventVersion is the stream version this parser understands.
+const EventVersion = 1
+
+// ParseEventLine decodes one line of the stream. Lines that are not a JSON
+// object of our version with an event name (warnings, junk) are ignored.
+func ParseEventLine(line []byte) (Event, bool) {
+	line = bytes.TrimSpace(line)
+	if len(line) < 2 || line[0] != '{' {
+		return Event{}, false
+	}
+	var ev Event
+	if err := json.Unmarshal(line, &ev); err != nil || ev.V != EventVersion || ev.Event == "" {
+		return Event{}, false
+	}
+	return ev, true
+}
+
+// Summary is what a run's event stream says.
+type Summary struct {
+	Started bool // the playbook loaded and started (parse errors happen before)
+	Plays   int
+	// LastTask is the most recently started task (the one running at a timeout).
+	LastTask         string
+	LastTaskInternal string
+	// Reached: the host answered an authenticated session (the connect check
+	// succeeded, or any task produced a result on it).
+	Reached bool
+	// Failed is the first non-ignored task failure, Unreachable the first
+	// unreachable result.
+	Failed      *Event
+	Unreachable *Event
+	Stats       *Stats
+	OKs         int
+	Events      int
+	Ignored     int // lines that were not events
+}
+
+// Add folds one event into the summary.
+func (s *Summary) Add(ev Event) {
+	s.Events++
+	switch ev.Event {
+	case "start":
+		s.Started = true
+	case "play":
+		s.Plays++
+	case "task":
+		s.LastTask, s.LastTaskInternal = ev.Task, ev.Internal
+	case "ok":
+		s.OKs++
+		s.Reached = true
+	case "failed":
+		s.Reached = true
+		if !ev.IgnoreErrors && s.Failed == nil {
+			e := ev
+			s.Failed = &e
+		}
+	case "unreachable":
+		if ev.Internal != internalConnect {
+			// a later task: the connect check had reached the host
+			s.Reached = true
+		}
+		if s.Unreachable == nil {
+			e := ev
+			s.Unreachable = &e
+		}
+	case "stats":
+		if ev.Totals != nil {
+			st := *ev.Totals
+			s.Stats = &st
+		}
+	}
+}
+
+// maxEventLine bounds one stream line; longer lines are dropped.
+const maxEventLine = 1 << 20
+
+// eventWriter is the ansible-playbook stdout sink: it splits lines, parses
+// events into a Summary and keeps nothing else. Written by one goroutine
+// (exec's copier); read after Wait.
+type eventWriter struct {
+	sum      Summary
+	buf      []byte
+	skipping bool // inside an over-long line
+	onEvent  func(Event)
+}
+
+func (w *eventWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			if !w.skipping {
+				if len(w.buf)+len(p) > maxEventLine {
+					w.buf, w.skipping = w.buf[:0], true
+					w.sum.Ignored++
+				} else {
+					w.buf = append(w.buf, p...)
+				}
+			}
+			break
+		}
+		if w.skipping {
+			w.skipping = false
+		} else if len(w.buf)+i > maxEventLine {
+			w.sum.Ignored++
+		} else {
+			w.line(append(w.buf, p[:i]...))
+		}
+		w.buf = w.buf[:0]
+		p = p[i+1:]
+	}
+	return n, nil
+}
+
+// Close flushes a last line without a newline.
+func (w *eventWriter) Close() {
+	if len(w.buf) > 0 && !w.skipping {
+		w.line(w.buf)
+	}
+	w.buf, w.skipping = nil, false
+}
+
+func (w *eventWriter) line(l []byte) {
+	if len(bytes.TrimSpace(l)) == 0 {
+		return
+	}
+	ev, ok := ParseEventLine(l)
+	if !ok {
+		w.sum.Ignored++
+		return
+	}
+	w.sum.Add(ev)
+	if w.onEvent != nil {
+		w.onEvent(ev)
+	}
+}
+
+// ParseEvents parses a whole stream (tests, tools).
+func ParseEvents(data []byte) Summary {
+	w := &eventWriter{}
+	_, _ = w.Write(data)
+	w.Close()
+	return w.sum
+}

@@ -1,0 +1,508 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// DefaultPythonInterpreter is the host's Python for modules (role and task
+// profiles only; scripts need no Python on the host).
+const DefaultPythonInterpreter = "/usr/bin/python3"
+
+// remoteKillAfter is the grace the host-side `timeout` gives the script
+// between SIGTERM and SIGKILL.
+const remoteKillAfter = 5
+
+var (
+	addressRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.:%_-]{0,252})$`)
+	userRE    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,31}$`)
+	pathRE    = regexp.MustCompile(`^/[A-Za-z0-9_./+@=,-]*$`)
+)
+
+// kind is the source kind of a request.
+type kind int
+
+const (
+	kindScript kind = iota
+	kindTasks
+	kindRole
+)
+
+func sourceKind(s Source) kind {
+	switch {
+	case strings.TrimSpace(s.Script) != "":
+		return kindScript
+	case strings.TrimSpace(s.Tasks) != "":
+		return kindTasks
+	}
+	return kindRole
+}
+
+// renderConfig is what rendering needs besides the request.
+type renderConfig struct {
+	dir             string   // the run directory (absolute)
+	collectionsPath string   // holds ansible_collections/dklesev/kpssh
+	rolesPath       []string // roles_path entries
+	python          string
+	connectTimeout  time.Duration
+	timeout         time.Duration // the phase timeout (host-side bound for scripts)
+	remoteTimeout   bool
+}
+
+// bundle is every file of a run, rendered.
+type bundle struct {
+	kind      kind
+	files     []bundleFile // written in order
+	hasVars   bool
+	playbook  string
+	scriptLen int
+}
+
+type bundleFile struct {
+	name string
+	data []byte
+}
+
+func (b *bundle) add(name string, data []byte) {
+	b.files = append(b.files, bundleFile{name, data})
+}
+
+func (b *bundle) file(name string) []byte {
+	for _, f := range b.files {
+		if f.name == name {
+			return f.data
+		}
+	}
+	return nil
+}
+
+// checkConnection validates the connection before anything is written.
+func checkConnection(c Connection) (keyPEM []byte, knownHosts []byte, err error) {
+	if !addressRE.MatchString(c.Address) {
+		return nil, nil, fmt.Errorf("host address %q is not an IP address or DNS name", c.Address)
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		return nil, nil, fmt.Errorf("port %d out of range", c.Port)
+	}
+	if c.User != "" && !userRE.MatchString(c.User) {
+		return nil, nil, fmt.Errorf("user %q is not a valid login name", c.User)
+	}
+	if strings.TrimSpace(c.HostKey) == "" {
+		return nil, nil, errors.New("no pinned host key: the engine never trusts on first use (see FetchHostKey)")
+	}
+	pub, _, _, rest, perr := ssh.ParseAuthorizedKey([]byte(c.HostKey))
+	if perr != nil || len(bytes.TrimSpace(rest)) != 0 {
+		return nil, nil, errors.New("pinned host key is not a single public-key line (\"ssh-ed25519 AAAA…\")")
+	}
+	if len(c.PrivateKey) == 0 {
+		return nil, nil, errors.New("no SSH private key")
+	}
+	raw, kerr := ssh.ParseRawPrivateKey(c.PrivateKey)
+	if kerr != nil {
+		var pp *ssh.PassphraseMissingError
+		if errors.As(kerr, &pp) {
+			return nil, nil, errors.New("ssh private key is passphrase-protected; kpssh needs an unencrypted key")
+		}
+		return nil, nil, errors.New("ssh private key cannot be parsed (want a PEM or OpenSSH private key)")
+	}
+	// Re-encode in the OpenSSH format: whatever the Secret held (PKCS#1,
+	// PKCS#8, SEC1, OpenSSH, missing final newline), ssh(1) reads this.
+	blk, merr := ssh.MarshalPrivateKey(raw, "")
+	if merr != nil {
+		return nil, nil, errors.New("ssh private key type is not supported")
+	}
+	keyPEM = pem.EncodeToMemory(blk)
+
+	port := c.Port
+	if port == 0 {
+		port = 22
+	}
+	line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pub)))
+	var kh strings.Builder
+	// The entry ssh looks up: "addr" on port 22, "[addr]:port" otherwise;
+	// both are written (the file holds only the pinned key either way).
+	host := c.Address
+	fmt.Fprintf(&kh, "%s %s\n", host, line)
+	fmt.Fprintf(&kh, "[%s]:%d %s\n", host, port, line)
+	return keyPEM, []byte(kh.String()), nil
+}
+
+func connUser(c Connection) string {
+	if c.User == "" {
+		return "root"
+	}
+	return c.User
+}
+
+func connPort(c Connection) int32 {
+	if c.Port == 0 {
+		return 22
+	}
+	return c.Port
+}
+
+// build validates a request and renders every file of its run into a
+// bundle, for the run directory rc.dir. It never touches the filesystem.
+func build(req Request, rc renderConfig) (*bundle, error) {
+	if !req.Phase.Valid() {
+		return nil, fmt.Errorf("unknown phase %q (want install, join, leave or uninstall)", req.Phase)
+	}
+	if err := Validate(req.Phase, req.Source); err != nil {
+		return nil, err
+	}
+	keyPEM, known, err := checkConnection(req.Conn)
+	if err != nil {
+		return nil, err
+	}
+	ctx := phaseContext(req.Phase, req.Context)
+	if err := checkContext(ctx); err != nil {
+		return nil, err
+	}
+	for _, p := range append([]string{rc.dir, rc.collectionsPath, rc.python}, rc.rolesPath...) {
+		if p != "" && !pathRE.MatchString(p) {
+			return nil, fmt.Errorf("path %q holds characters the engine does not put into ansible.cfg", p)
+		}
+	}
+	b := &bundle{kind: sourceKind(req.Source)}
+	b.add(fileKey, keyPEM)
+	b.add(fileKnown, known)
+	b.add(fileConfig, []byte(ansibleConfig(rc)))
+	b.add(fileInventory, []byte(inventory(req.Conn, rc)))
+
+	switch b.kind {
+	case kindScript:
+		body, err := renderScript(req.Phase, req.Source.Script, ctx)
+		if err != nil {
+			return nil, err
+		}
+		pre, err := Preamble(Env(req.Phase, ctx, true))
+		if err != nil {
+			return nil, err
+		}
+		if body != "" && !strings.HasSuffix(body, "\n") {
+			body += "\n"
+		}
+		script := pre + body
+		b.scriptLen = len(script)
+		b.add(fileScript, []byte(script))
+		b.playbook = scriptPlaybook(req, rc)
+	default:
+		vars, err := varsFile(req.Phase, ctx)
+		if err != nil {
+			return nil, err
+		}
+		b.add(fileVars, []byte(vars))
+		b.hasVars = true
+		if b.kind == kindTasks {
+			b.add(fileTasks, []byte(req.Source.Tasks))
+		}
+		b.playbook = ansiblePlaybook(req, ctx, rc, b.kind)
+	}
+	b.add(filePlaybook, []byte(b.playbook))
+	return b, nil
+}
+
+func (rc renderConfig) path(name string) string { return rc.dir + "/" + name }
+
+// ansibleConfig is the run's ansible.cfg: nothing from /etc/ansible or the
+// controller's home is read (ANSIBLE_CONFIG points here, HOME is the run
+// directory).
+func ansibleConfig(rc renderConfig) string {
+	var b strings.Builder
+	ct := int(math.Ceil(rc.connectTimeout.Seconds()))
+	if ct <= 0 {
+		ct = 15
+	}
+	fmt.Fprintf(&b, `# rendered by the kpssh engine for one phase run
+[defaults]
+stdout_callback = dklesev.kpssh.kpssh_events
+callbacks_enabled =
+nocows = True
+nocolor = True
+retry_files_enabled = False
+host_key_checking = True
+interpreter_python = %[2]s
+collections_path = %[3]s
+local_tmp = %[1]s/tmp
+timeout = %[4]d
+forks = 1
+gathering = explicit
+deprecation_warnings = False
+system_warnings = False
+localhost_warning = False
+`, rc.dir, rc.python, rc.collectionsPath, ct)
+	if len(rc.rolesPath) > 0 {
+		fmt.Fprintf(&b, "roles_path = %s\n", strings.Join(rc.rolesPath, ":"))
+	}
+	fmt.Fprintf(&b, `
+[inventory]
+enable_plugins = yaml
+
+[ssh_connection]
+pipelining = True
+reconnection_retries = 0
+control_path_dir = %[1]s
+ssh_args = -F /dev/null -o ControlMaster=auto -o ControlPersist=60s -o ControlPath=%[1]s/%[2]s -o StrictHostKeyChecking=yes -o UserKnownHostsFile=%[1]s/%[3]s -o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes -o ServerAliveInterval=15 -o ServerAliveCountMax=4 -o LogLevel=ERROR
+`, rc.dir, sockControl, fileKnown)
+	return b.String()
+}
+
+func inventory(c Connection, rc renderConfig) string {
+	return fmt.Sprintf(`all:
+  hosts:
+    %[1]s:
+      ansible_connection: ssh
+      ansible_host: %[1]s
+      ansible_port: %[2]d
+      ansible_user: %[3]s
+      ansible_ssh_private_key_file: %[4]s
+      ansible_python_interpreter: %[5]s
+`, yq(c.Address), connPort(c), yq(connUser(c)), yq(rc.path(fileKey)), yq(rc.python))
+}
+
+// connectTask is the first task of every play: a no-op command over the
+// connection, so a host that cannot be reached fails here, before anything
+// could have run (Touched=false), and everything after it counts as reached.
+const connectTaskName = "kpssh: connect"
+
+func connectTask() string {
+	return `    - name: ` + yq(connectTaskName) + `
+      vars:
+        kpssh_internal: connect
+      dklesev.kpssh.stdin_exec:
+        cmd: "true"
+        changed: false
+`
+}
+
+// scriptCommand is the remote command a script is piped into: bash -s as
+// root (sudo -n for other users), bounded on the host by timeout(1) so a
+// phase the controller gave up on does not live on there.
+func scriptCommand(req Request, rc renderConfig) string {
+	cmd := "bash -s"
+	if rc.remoteTimeout && rc.timeout > 0 {
+		secs := int(math.Ceil(rc.timeout.Seconds()))
+		cmd = fmt.Sprintf("timeout -k %d %d bash -s", remoteKillAfter, secs)
+	}
+	if connUser(req.Conn) != "root" {
+		cmd = "sudo -n " + cmd
+	}
+	return cmd
+}
+
+func playHeader(req Request, how string) string {
+	return fmt.Sprintf("# kpssh %s phase (%s), rendered by the kpssh engine\n- name: %s\n  hosts: all\n  gather_facts: false\n",
+		req.Phase, how, yq("kpssh "+string(req.Phase)))
+}
+
+func scriptPlaybook(req Request, rc renderConfig) string {
+	var b strings.Builder
+	b.WriteString(playHeader(req, "script"))
+	b.WriteString("  tasks:\n")
+	b.WriteString(connectTask())
+	fmt.Fprintf(&b, `    - name: %s
+      # The rendered script (preamble with the KPSSH_* exports, secrets
+      # included) goes to the command's stdin over the SSH channel: never on
+      # the host's disk or in its process arguments. no_log keeps the output
+      # out of every callback; the controller reads the redacted tail from
+      # result_file instead.
+      no_log: true
+      vars:
+        kpssh_internal: script
+      dklesev.kpssh.stdin_exec:
+        cmd: %s
+        stdin_file: %s
+        remove_stdin_file: true
+        result_file: %s
+`, yq("kpssh: "+string(req.Phase)+" script"), yq(scriptCommand(req, rc)), yq(rc.path(fileScript)), yq(rc.path(fileResult)))
+	return b.String()
+}
+
+// ansibleEnvNames are the fixed KPSSH_* names of the play environment of
+// role/task profiles and the kpssh.* key each comes from. The bootstrap token
+// is not among them: `environment:` values end up in the remote command line
+// of every module; it is available as kpssh.bootstrap_token only.
+var ansibleEnvNames = []struct{ env, key string }{
+	{EnvClusterCAB64, "cluster_ca_b64"},
+	{EnvClusterEndpoint, "cluster_endpoint"},
+	{EnvHostAddress, "host_address"},
+	{EnvNodeAddress, "node_address"},
+	{EnvNodeLabels, "node_labels"},
+	{EnvNodeName, "node_name"},
+	{EnvProviderID, "provider_id"},
+	{EnvTaints, "taints"},
+}
+
+func ansiblePlaybook(req Request, ctx Context, rc renderConfig, k kind) string {
+	var b strings.Builder
+	how := "tasks"
+	if k == kindRole {
+		how = "role " + req.Source.Role
+	}
+	b.WriteString(playHeader(req, how))
+	if connUser(req.Conn) != "root" {
+		b.WriteString("  become: true\n")
+	}
+	// KPSSH_* for shell/command tasks, from the (!unsafe) variables. Secrets
+	// are not exported here (this would put them into remote command lines):
+	// tasks use kpssh_secrets.
+	b.WriteString("  environment:\n")
+	for _, e := range ansibleEnvNames {
+		fmt.Fprintf(&b, "    %s: \"{{ kpssh['%s'] }}\"\n", e.env, e.key)
+	}
+	if req.Phase != PhaseLeave {
+		for _, k := range sortedKeys(ctx.Vars) {
+			fmt.Fprintf(&b, "    %s%s: \"{{ kpssh_vars['%s'] }}\"\n", EnvVarPrefix, k, k)
+		}
+	}
+	b.WriteString("  tasks:\n")
+	b.WriteString(connectTask())
+	if k == kindTasks {
+		fmt.Fprintf(&b, "    - ansible.builtin.import_tasks: %s\n", yq(rc.path(fileTasks)))
+	} else {
+		fmt.Fprintf(&b, "    - ansible.builtin.import_role:\n        name: %s\n        tasks_from: %s\n", yq(req.Source.Role), yq(string(req.Phase)))
+	}
+	return b.String()
+}
+
+// varsFile is the 0600 extra-vars file (-e @vars.yml) of role/task profiles:
+// kpssh (the fixed values), kpssh_vars, kpssh_secrets — every value !unsafe
+// so Ansible never templates it.
+func varsFile(p Phase, ctx Context) (string, error) {
+	var b strings.Builder
+	b.WriteString("# kpssh phase variables (mode 0600; removed with the run directory)\n")
+	fmt.Fprintf(&b, "kpssh_phase: %s\n", yq(string(p)))
+	fixed := []struct{ key, val string }{
+		{"bootstrap_token", ctx.BootstrapToken},
+		{"cluster_ca_b64", ctx.ClusterCAB64},
+		{"cluster_endpoint", ctx.ClusterEndpoint},
+		{"host_address", ctx.HostAddress},
+		{"node_address", ctx.NodeAddress},
+		{"node_labels", ctx.NodeLabels},
+		{"node_name", ctx.NodeName},
+		{"provider_id", ctx.ProviderID},
+		{"taints", ctx.Taints},
+	}
+	b.WriteString("kpssh:\n")
+	for _, f := range fixed {
+		if err := checkYAMLString(f.val); err != nil {
+			return "", fmt.Errorf("%s: %w", f.key, err)
+		}
+		fmt.Fprintf(&b, "  %s: %s\n", f.key, yunsafe(f.val))
+	}
+	for _, m := range []struct {
+		name string
+		vals map[string]string
+	}{{"kpssh_vars", ctx.Vars}, {"kpssh_secrets", ctx.Secrets}} {
+		if p == PhaseLeave || len(m.vals) == 0 {
+			fmt.Fprintf(&b, "%s: {}\n", m.name)
+			continue
+		}
+		fmt.Fprintf(&b, "%s:\n", m.name)
+		for _, k := range sortedKeys(m.vals) {
+			if err := checkYAMLString(m.vals[k]); err != nil {
+				return "", fmt.Errorf("%s %s: %w", m.name, k, err)
+			}
+			fmt.Fprintf(&b, "  %s: %s\n", k, yunsafe(m.vals[k]))
+		}
+	}
+	return b.String(), nil
+}
+
+// hostPort renders address:port for messages.
+func hostPort(c Connection) string {
+	return net.JoinHostPort(c.Address, strconv.Itoa(int(connPort(c))))
+}
+
+// renderPlaceholderDir stands for the run directory in Render output.
+const renderPlaceholderDir = "/dev/shm/kpssh-RUN"
+
+// Render returns what a phase would run, for `kpssh render HOST PHASE`: the
+// playbook and, for scripts, the rendered script (the preamble included);
+// for role/task profiles the variables file and the task list. With
+// secretsMasked the bootstrap token's secret half, every secret value and
+// every Request.Redact value are replaced by ***. The SSH key is never shown.
+// Paths use the default collection/roles locations and a placeholder run
+// directory. See (*Local).Render for an engine's own paths.
+func Render(req Request, secretsMasked bool) (string, error) {
+	return renderText(req, secretsMasked, renderConfig{
+		dir: renderPlaceholderDir, python: DefaultPythonInterpreter,
+		collectionsPath: "/usr/share/kpssh/collections", connectTimeout: DefaultConnectTimeout,
+		timeout: req.Timeout, remoteTimeout: true,
+	})
+}
+
+func renderText(req Request, masked bool, rc renderConfig) (string, error) {
+	red := redactorFor(req)
+	if masked {
+		req = maskRequest(req)
+	}
+	b, err := build(req, rc)
+	if err != nil {
+		if masked {
+			return "", errors.New(red.Redact(err.Error()))
+		}
+		return "", err
+	}
+	var out strings.Builder
+	state := "secrets shown"
+	if masked {
+		state = "secrets masked"
+	}
+	fmt.Fprintf(&out, "# kpssh render: phase %s for %s@%s (%s)\n", req.Phase, connUser(req.Conn), hostPort(req.Conn), state)
+	section := func(name, what string) {
+		fmt.Fprintf(&out, "\n# ==> %s/%s%s <==\n", rc.dir, name, what)
+		data := b.file(name)
+		out.Write(data)
+		if len(data) > 0 && data[len(data)-1] != '\n' {
+			out.WriteByte('\n')
+		}
+	}
+	section(filePlaybook, "")
+	switch b.kind {
+	case kindScript:
+		section(fileScript, " (stdin of the script task)")
+	case kindTasks:
+		section(fileVars, " (-e @vars.yml)")
+		section(fileTasks, "")
+	default:
+		section(fileVars, " (-e @vars.yml)")
+	}
+	text := out.String()
+	if masked {
+		text = red.Redact(text)
+	}
+	return text, nil
+}
+
+// maskRequest replaces secret values in a request by Mask (the token keeps
+// its public id).
+func maskRequest(req Request) Request {
+	c := req.Context
+	if t := c.BootstrapToken; t != "" {
+		if i := strings.IndexByte(t, '.'); i >= 0 {
+			c.BootstrapToken = t[:i+1] + Mask
+		} else {
+			c.BootstrapToken = Mask
+		}
+	}
+	if len(c.Secrets) > 0 {
+		m := make(map[string]string, len(c.Secrets))
+		for k := range c.Secrets {
+			m[k] = Mask
+		}
+		c.Secrets = m
+	}
+	req.Context = c
+	return req
+}

@@ -1,0 +1,637 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/dklesev/kpssh/internal/sshx"
+)
+
+// Defaults of Options.
+const (
+	DefaultTimeout        = 10 * time.Minute
+	DefaultKillGrace      = 5 * time.Second
+	DefaultConnectTimeout = 15 * time.Second
+	// MaxMessage bounds Result.Message.
+	MaxMessage = 2048
+	// stderrTail is how much of ansible-playbook's own stderr is kept.
+	stderrTail = 64 * 1024
+)
+
+// Options configure a Local engine.
+type Options struct {
+	// AnsiblePlaybook is the ansible-playbook executable; empty means the one
+	// on PATH.
+	AnsiblePlaybook string
+	// CollectionsPath is the directory holding
+	// ansible_collections/dklesev/kpssh (the repo's playbooks/collections).
+	CollectionsPath string
+	// RolesPath lists role directories (the repo's roles/).
+	RolesPath []string
+	// RunDirBase is where run directories are created; empty means /dev/shm
+	// when writable, else os.TempDir().
+	RunDirBase string
+	// DefaultTimeout bounds runs whose Request.Timeout is 0.
+	DefaultTimeout time.Duration
+	// KillGrace is the time between SIGTERM and SIGKILL of a run's process
+	// group when it times out.
+	KillGrace time.Duration
+	// ConnectTimeout bounds ssh connection setup (ansible's `timeout`).
+	ConnectTimeout time.Duration
+	// PythonInterpreter is the host's Python for modules.
+	PythonInterpreter string
+	// Path is the child's PATH; empty means the directory of
+	// AnsiblePlaybook plus the standard system directories.
+	Path string
+	// NoRemoteTimeout disables the host-side timeout(1) around scripts.
+	NoRemoteTimeout bool
+
+	// onStart (tests) is called with the ansible-playbook pid and the run
+	// directory right after the process started.
+	onStart func(pid int, dir string)
+	// onDone (tests) is called with the run directory after cleanup.
+	onDone func(dir string)
+}
+
+// Local runs phases as child processes of the calling process (executor
+// `local`). It is safe for concurrent use: every run has its own directory,
+// process group and ControlPath.
+type Local struct {
+	opts Options
+}
+
+var _ Engine = (*Local)(nil)
+
+// New checks the options and returns an engine.
+func New(o Options) (*Local, error) {
+	if o.AnsiblePlaybook == "" {
+		p, err := exec.LookPath("ansible-playbook")
+		if err != nil {
+			return nil, fmt.Errorf("ansible-playbook not found on PATH (install ansible-core): %w", err)
+		}
+		o.AnsiblePlaybook = p
+	}
+	if !filepath.IsAbs(o.AnsiblePlaybook) {
+		p, err := exec.LookPath(o.AnsiblePlaybook)
+		if err != nil {
+			return nil, err
+		}
+		o.AnsiblePlaybook = p
+	}
+	if o.CollectionsPath == "" {
+		return nil, errors.New("engine: CollectionsPath is required (the directory holding ansible_collections/dklesev/kpssh)")
+	}
+	abs, err := filepath.Abs(o.CollectionsPath)
+	if err != nil {
+		return nil, err
+	}
+	o.CollectionsPath = abs
+	for _, f := range []string{"plugins/action/stdin_exec.py", "plugins/callback/kpssh_events.py"} {
+		if _, err := os.Stat(filepath.Join(o.CollectionsPath, "ansible_collections/dklesev/kpssh", f)); err != nil {
+			return nil, fmt.Errorf("engine: collection dklesev.kpssh not found under %s: %w", o.CollectionsPath, err)
+		}
+	}
+	for i, r := range o.RolesPath {
+		if o.RolesPath[i], err = filepath.Abs(r); err != nil {
+			return nil, err
+		}
+	}
+	if o.DefaultTimeout <= 0 {
+		o.DefaultTimeout = DefaultTimeout
+	}
+	if o.KillGrace <= 0 {
+		o.KillGrace = DefaultKillGrace
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = DefaultConnectTimeout
+	}
+	if o.PythonInterpreter == "" {
+		o.PythonInterpreter = DefaultPythonInterpreter
+	}
+	if o.Path == "" {
+		o.Path = filepath.Dir(o.AnsiblePlaybook) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	return &Local{opts: o}, nil
+}
+
+// FindCollectionsPath looks for the project's collection: the runner image
+// location /usr/share/kpssh/collections, else playbooks/collections in a
+// parent of the working directory (a checkout).
+func FindCollectionsPath() (string, error) {
+	return findShared("collections", "playbooks/collections", "ansible_collections/dklesev/kpssh")
+}
+
+// FindRolesPath looks for the shipped roles: /usr/share/kpssh/roles, else
+// roles/ in a parent of the working directory.
+func FindRolesPath() (string, error) {
+	return findShared("roles", "roles", "")
+}
+
+func findShared(image, repo, marker string) (string, error) {
+	if p := filepath.Join("/usr/share/kpssh", image); exists(filepath.Join(p, marker)) {
+		return p, nil
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if p := filepath.Join(dir, repo); exists(filepath.Join(p, marker)) && exists(filepath.Join(dir, "go.mod")) {
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("%s not found (neither /usr/share/kpssh/%s nor a checkout above the working directory)", repo, image)
+		}
+		dir = parent
+	}
+}
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+func (l *Local) renderConfig(dir string, timeout time.Duration) renderConfig {
+	return renderConfig{
+		dir: dir, collectionsPath: l.opts.CollectionsPath, rolesPath: l.opts.RolesPath,
+		python: l.opts.PythonInterpreter, connectTimeout: l.opts.ConnectTimeout,
+		timeout: timeout, remoteTimeout: !l.opts.NoRemoteTimeout,
+	}
+}
+
+// Render is the package Render with this engine's paths.
+func (l *Local) Render(req Request, secretsMasked bool) (string, error) {
+	t := req.Timeout
+	if t <= 0 {
+		t = l.opts.DefaultTimeout
+	}
+	return renderText(req, secretsMasked, l.renderConfig(renderPlaceholderDir, t))
+}
+
+// ValidateRole checks that a role resolves in the roles path (or, for an
+// FQCN, in the collections path), has tasks/<phase>.yml, and — for leave —
+// that the file is a task list using none of the values leave does not get.
+func (l *Local) ValidateRole(role string, phase Phase) error {
+	if err := Validate(phase, Source{Role: role}); err != nil {
+		return err
+	}
+	var dirs []string
+	if parts := strings.Split(role, "."); len(parts) == 3 {
+		dirs = append(dirs, filepath.Join(l.opts.CollectionsPath, "ansible_collections", parts[0], parts[1], "roles", parts[2]))
+	} else {
+		for _, r := range l.opts.RolesPath {
+			dirs = append(dirs, filepath.Join(r, role))
+		}
+	}
+	for _, d := range dirs {
+		if !exists(d) {
+			continue
+		}
+		f := filepath.Join(d, "tasks", string(phase)+".yml")
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("role %s has no tasks/%s.yml", role, phase)
+		}
+		if phase == PhaseLeave {
+			return validateLeaveFile("role "+role+" tasks/leave.yml", data)
+		}
+		return ValidateTaskList(string(data))
+	}
+	return fmt.Errorf("role %s not found in the roles path", role)
+}
+
+// Run executes one phase and returns its redacted result. It never panics
+// on bad input and always removes its run directory and processes.
+func (l *Local) Run(ctx context.Context, req Request) Result {
+	start := time.Now()
+	red := redactorFor(req)
+	res := l.run(ctx, req, red)
+	res.Duration = time.Since(start)
+	res.FailedTask = red.Redact(res.FailedTask)
+	res.Message = boundMessage(red.Redact(strings.TrimSpace(res.Message)))
+	return res
+}
+
+// scriptResult is the stdin_exec result_file.
+type scriptResult struct {
+	RC              *int   `json:"rc"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	ConnectionError string `json:"connection_error"`
+	Error           string `json:"error"`
+}
+
+// facts is everything a finished run tells us.
+type facts struct {
+	phase       Phase
+	timeout     time.Duration
+	interrupted string // "", "timeout", "canceled"
+	ctxErr      error
+	exitCode    int
+	sum         Summary
+	stderr      string
+	stderrCut   bool
+	script      *scriptResult
+}
+
+func configError(err error) Result {
+	return Result{Outcome: ConfigError, ExitCode: -1, Message: err.Error()}
+}
+
+func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = l.opts.DefaultTimeout
+	}
+	// Everything that can be checked without a host is checked before any
+	// file or process exists.
+	if _, err := build(req, l.renderConfig("/dev/shm/kpssh-check", timeout)); err != nil {
+		return configError(err)
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{Outcome: TimedOut, ExitCode: -1, Message: "not started: " + err.Error()}
+	}
+	deadline := time.Now().Add(timeout)
+
+	dir, err := newRunDir(l.opts.RunDirBase)
+	if err != nil {
+		return configError(err)
+	}
+	defer func() {
+		_ = dir.remove()
+		if l.opts.onDone != nil {
+			l.opts.onDone(dir.path)
+		}
+	}()
+	b, err := build(req, l.renderConfig(dir.path, timeout))
+	if err != nil {
+		return configError(err)
+	}
+	for _, f := range b.files {
+		if err := dir.write(f.name, f.data); err != nil {
+			return configError(fmt.Errorf("write run directory: %w", err))
+		}
+	}
+
+	args := []string{l.opts.AnsiblePlaybook, "-i", dir.join(fileInventory)}
+	if b.hasVars {
+		args = append(args, "-e", "@"+dir.join(fileVars))
+	}
+	args = append(args, dir.join(filePlaybook))
+	cmd := &exec.Cmd{Path: l.opts.AnsiblePlaybook, Args: args, Dir: dir.path, Env: l.childEnv(dir)}
+	ew := &eventWriter{}
+	errTail := &sshx.TailBuffer{Max: stderrTail}
+	cmd.Stdout, cmd.Stderr = ew, errTail
+	// Own process group (the whole run is signalled at once); SIGKILL if
+	// the thread that started it dies (the controller crashed).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Output pipes held open by a stray grandchild must not block Wait.
+	cmd.WaitDelay = 2 * time.Second
+
+	runtime.LockOSThread() // Pdeathsig is tied to the starting thread
+	err = cmd.Start()
+	runtime.UnlockOSThread()
+	if err != nil {
+		return configError(fmt.Errorf("cannot start ansible-playbook: %w", err))
+	}
+	pid := cmd.Process.Pid
+	if l.opts.onStart != nil {
+		l.opts.onStart(pid, dir.path)
+	}
+
+	exited := make(chan struct{})
+	go func() { waitExitedNoReap(pid); close(exited) }()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	f := facts{phase: req.Phase, timeout: timeout}
+	select {
+	case <-exited:
+	case <-timer.C:
+		f.interrupted = "timeout"
+	case <-ctx.Done():
+		f.interrupted, f.ctxErr = "canceled", ctx.Err()
+	}
+	if f.interrupted != "" {
+		_ = syscall.Kill(-pid, syscall.SIGTERM)
+		grace := time.NewTimer(l.opts.KillGrace)
+		select {
+		case <-exited:
+		case <-grace.C:
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			<-exited
+		}
+		grace.Stop()
+	}
+	// The leader has exited but is not reaped yet, so its pid — the group
+	// id — cannot have been reused: whatever is left in the group (workers,
+	// ssh clients) belongs to this run.
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	_ = cmd.Wait()
+	ew.Close()
+	f.exitCode = cmd.ProcessState.ExitCode()
+	// The ControlPersist master daemonized into its own session: stop it.
+	l.stopControlMaster(dir)
+
+	f.sum = ew.sum
+	f.stderr, f.stderrCut = errTail.String(), errTail.Truncated()
+	if b.kind == kindScript {
+		if data, err := os.ReadFile(dir.join(fileResult)); err == nil {
+			var sr scriptResult
+			if json.Unmarshal(data, &sr) == nil {
+				f.script = &sr
+			}
+		}
+	}
+	return decide(f, red)
+}
+
+// childEnv is the whole environment of ansible-playbook: nothing of the
+// controller's is passed through (no proxies, tokens, SSH_AUTH_SOCK,
+// ANSIBLE_* overrides), and no secret is ever in it.
+func (l *Local) childEnv(dir *runDir) []string {
+	return []string{
+		"PATH=" + l.opts.Path,
+		"HOME=" + dir.path,
+		"TMPDIR=" + dir.join(dirTmp),
+		"LANG=C.UTF-8",
+		"LC_ALL=C.UTF-8",
+		"ANSIBLE_CONFIG=" + dir.join(fileConfig),
+		"ANSIBLE_LOCAL_TEMP=" + dir.join(dirTmp),
+		"ANSIBLE_HOME=" + dir.join(".ansible"),
+		"ANSIBLE_NOCOLOR=1",
+		"PYTHONDONTWRITEBYTECODE=1",
+		"PYTHONUNBUFFERED=1",
+		"PYTHONNOUSERSITE=1",
+	}
+}
+
+// waitExitedNoReap blocks until pid has exited, leaving it a zombie (so its
+// pid and process group id stay reserved until cmd.Wait reaps it).
+func waitExitedNoReap(pid int) {
+	const (
+		pPID    = 1         // P_PID
+		wExited = 0x4       // WEXITED
+		wNoWait = 0x1000000 // WNOWAIT
+	)
+	var info [128]byte // siginfo_t
+	for {
+		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid), uintptr(unsafe.Pointer(&info[0])), wExited|wNoWait, 0, 0)
+		if errno != syscall.EINTR {
+			return
+		}
+	}
+}
+
+// stopControlMaster ends the run's ssh ControlPersist master: `ssh -O exit`
+// on its socket, then any process still carrying the run directory in its
+// command line (the master's title is "ssh: <dir>/cm [mux]") is terminated
+// by pid, then killed. Only processes of this run match: the directory name
+// is unique.
+func (l *Local) stopControlMaster(dir *runDir) {
+	sock := dir.join(sockControl)
+	if _, err := os.Stat(sock); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		c := exec.CommandContext(ctx, "ssh", "-F", "/dev/null", "-o", "ControlPath="+sock, "-O", "exit", "kpssh-run")
+		c.Env = []string{"PATH=" + l.opts.Path, "HOME=" + dir.path, "LANG=C.UTF-8"}
+		c.Dir = dir.path
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		c.WaitDelay = time.Second
+		_ = c.Run()
+		cancel()
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		pids := processesMentioning(dir.path)
+		if len(pids) == 0 {
+			return
+		}
+		for _, p := range pids {
+			_ = syscall.Kill(p, sig)
+		}
+		waitGone(pids, 2*time.Second)
+	}
+}
+
+// processesMentioning lists live (non-zombie) processes whose command line
+// contains s.
+func processesMentioning(s string) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	self := os.Getpid()
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		cl, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || len(cl) == 0 {
+			continue
+		}
+		if strings.Contains(string(cl), s) && !isZombie(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func isZombie(pid int) bool {
+	st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true // gone
+	}
+	// pid (comm) S …: the state follows the last ')'
+	i := strings.LastIndexByte(string(st), ')')
+	return i < 0 || i+2 >= len(st) || st[i+2] == 'Z' || st[i+2] == 'X'
+}
+
+func waitGone(pids []int, d time.Duration) {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		alive := false
+		for _, p := range pids {
+			if !isZombie(p) {
+				alive = true
+				break
+			}
+		}
+		if !alive {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// decide maps a finished run to a Result (SPEC §4.5). Messages are built
+// from tails redacted before they are joined; Run redacts the whole again.
+func decide(f facts, red *Redactor) Result {
+	res := Result{ExitCode: f.exitCode, Touched: f.sum.Reached}
+	stderr := strings.TrimSpace(red.RedactTail(f.stderr, f.stderrCut))
+
+	if f.interrupted != "" {
+		res.Outcome = TimedOut
+		res.FailedTask = f.sum.LastTask
+		if f.interrupted == "timeout" {
+			res.Message = fmt.Sprintf("phase timed out after %s", f.timeout)
+		} else {
+			res.Message = fmt.Sprintf("phase interrupted: %v", f.ctxErr)
+		}
+		if f.sum.LastTask != "" {
+			res.Message += fmt.Sprintf(" during task %q", f.sum.LastTask)
+		}
+		res.Message += "; ansible-playbook was terminated"
+		return res
+	}
+	if !f.sum.Started {
+		res.Outcome = ConfigError
+		res.Touched = false
+		res.Message = fmt.Sprintf("ansible-playbook could not run the phase (exit %d): %s", f.exitCode, ansibleErrorText(stderr))
+		return res
+	}
+	if ev := f.sum.Failed; ev != nil {
+		res.Outcome = Failed
+		res.FailedTask = ev.Task
+		if ev.RC != nil {
+			res.RC = *ev.RC
+		}
+		details := eventDetails(ev, red)
+		if ev.Internal == internalScript && f.script != nil {
+			if f.script.RC != nil {
+				res.RC = *f.script.RC
+			}
+			details = scriptDetails(f.script, red)
+		}
+		head := fmt.Sprintf("task %q failed", ev.Task)
+		if ev.RC != nil || (ev.Internal == internalScript && f.script != nil && f.script.RC != nil) {
+			head += fmt.Sprintf(" (rc=%d)", res.RC)
+		}
+		if ev.Internal == internalConnect {
+			head = "connect check failed on the host (rc=" + strconv.Itoa(res.RC) + ")"
+		}
+		res.Message = joinMessage(head, details)
+		return res
+	}
+	if ev := f.sum.Unreachable; ev != nil {
+		res.Outcome = Failed
+		res.FailedTask = ev.Task
+		msg := strings.TrimSpace(red.RedactTail(ev.Msg, ev.MsgTruncated))
+		if ev.Internal == internalScript && f.script != nil && f.script.ConnectionError != "" {
+			res.RC = 255
+			res.Message = joinMessage(fmt.Sprintf("task %q: ssh exited 255 (connection lost, or the script exited 255)", ev.Task), strings.TrimSpace(red.Redact(f.script.ConnectionError)))
+			return res
+		}
+		head := "host unreachable"
+		if strings.Contains(msg, "Host key verification failed") || strings.Contains(msg, "REMOTE HOST IDENTIFICATION HAS CHANGED") {
+			head = "host key mismatch: the host did not present the pinned key; nothing ran"
+		} else if ev.Internal == internalConnect {
+			head = "host unreachable; nothing ran"
+		} else {
+			head = fmt.Sprintf("host unreachable during task %q", ev.Task)
+		}
+		res.Message = joinMessage(head, msg)
+		return res
+	}
+	if f.exitCode == 0 && f.sum.Stats != nil && f.sum.Stats.Failures == 0 && f.sum.Stats.Unreachable == 0 {
+		res.Outcome = Succeeded
+		return res
+	}
+	// Non-zero exit without a failed or unreachable result: ansible's own
+	// error during the run (or a crash).
+	if f.sum.Reached {
+		res.Outcome = Failed
+		res.FailedTask = f.sum.LastTask
+		res.Message = joinMessage(fmt.Sprintf("ansible-playbook exited %d", f.exitCode), ansibleErrorText(stderr))
+		return res
+	}
+	res.Outcome = ConfigError
+	res.Message = joinMessage(fmt.Sprintf("ansible-playbook exited %d before reaching the host", f.exitCode), ansibleErrorText(stderr))
+	return res
+}
+
+// ansibleErrorText picks ansible's "ERROR! …" part of its stderr (warnings
+// and tracebacks around it are noise), or the tail.
+func ansibleErrorText(stderr string) string {
+	if i := strings.Index(stderr, "ERROR!"); i >= 0 {
+		return strings.TrimSpace(stderr[i:])
+	}
+	if i := strings.LastIndex(stderr, "[ERROR]"); i >= 0 {
+		return strings.TrimSpace(stderr[i:])
+	}
+	return stderr
+}
+
+func eventDetails(ev *Event, red *Redactor) string {
+	var parts []string
+	if ev.Censored {
+		parts = append(parts, "(output hidden by no_log)")
+	}
+	if m := strings.TrimSpace(red.RedactTail(ev.Msg, ev.MsgTruncated)); m != "" {
+		parts = append(parts, m)
+	}
+	if s := strings.TrimSpace(red.RedactTail(ev.Stderr, ev.StderrTruncated)); s != "" {
+		parts = append(parts, "stderr: "+s)
+	} else if s := strings.TrimSpace(red.RedactTail(ev.Stdout, ev.StdoutTruncated)); s != "" {
+		parts = append(parts, "stdout: "+s)
+	}
+	if len(parts) == 0 && ev.Exception != "" {
+		parts = append(parts, strings.TrimSpace(red.RedactTail(ev.Exception, true)))
+	}
+	return strings.Join(parts, "\n")
+}
+
+func scriptDetails(sr *scriptResult, red *Redactor) string {
+	if sr.Error != "" {
+		return red.Redact(sr.Error)
+	}
+	if s := strings.TrimSpace(red.RedactTail(sr.Stderr, sr.StderrTruncated)); s != "" {
+		return "stderr: " + s
+	}
+	if s := strings.TrimSpace(red.RedactTail(sr.Stdout, sr.StdoutTruncated)); s != "" {
+		return "stdout: " + s
+	}
+	return "(no output)"
+}
+
+// joinMessage keeps the head and the tail of the details within MaxMessage.
+func joinMessage(head, details string) string {
+	details = strings.TrimSpace(details)
+	if details == "" {
+		return head
+	}
+	room := MaxMessage - len(head) - 2
+	if room < 64 {
+		room = 64
+	}
+	if t, cut := tailString(details, room-len("…")); cut {
+		details = "…" + t
+	}
+	return head + ": " + details
+}
+
+// boundMessage caps a (redacted) message at MaxMessage, keeping its start
+// and end.
+func boundMessage(s string) string {
+	if len(s) <= MaxMessage {
+		return s
+	}
+	head := MaxMessage / 4
+	for head > 0 && !isRuneStart(s, head) {
+		head--
+	}
+	tail, _ := tailString(s, MaxMessage-head-len(" … "))
+	return s[:head] + " … " + tail
+}
+
+func isRuneStart(s string, i int) bool { return i >= len(s) || s[i]&0xC0 != 0x80 }
