@@ -148,6 +148,16 @@ func joinContext(h hostenv.Host) Context {
 	}
 }
 
+// mustRun runs cmd on host i and fails t (not the world's test) on error.
+func mustRun(t *testing.T, w *world, i int, cmd string) string {
+	t.Helper()
+	out, _, err := w.Run(i, cmd)
+	if err != nil {
+		t.Fatalf("host %d: %v", i, err)
+	}
+	return strings.TrimSpace(out)
+}
+
 func mustOutcome(t *testing.T, r Result, want Outcome) {
 	t.Helper()
 	if r.Outcome != want {
@@ -223,10 +233,10 @@ printf '%s\n' "$KPSSH_VAR_tricky" > /opt/kpssh-test/tricky.txt
 	if !r.Touched || r.ExitCode != 0 {
 		t.Fatalf("install: %+v", r)
 	}
-	if got := w.MustRun(0, "cat /opt/kpssh-test/install.txt"); got != "hello|hello|node-h1|token=[]" {
+	if got := mustRun(t, w, 0, "cat /opt/kpssh-test/install.txt"); got != "hello|hello|node-h1|token=[]" {
 		t.Fatalf("install saw %q (install must not get the token)", got)
 	}
-	if got := w.MustRun(0, "cat /opt/kpssh-test/tricky.txt"); got != c.Vars["tricky"] {
+	if got := mustRun(t, w, 0, "cat /opt/kpssh-test/tricky.txt"); got != c.Vars["tricky"] {
 		t.Fatalf("tricky var arrived as %q", got)
 	}
 
@@ -239,13 +249,13 @@ env | grep '^KPSSH_' | grep -v -e SECRET -e TOKEN | sort > /opt/kpssh-test/join.
 `
 	r = e.Run(ctx, Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Script: join}, Context: c, Timeout: time.Minute})
 	mustOutcome(t, r, Succeeded)
-	if got := w.MustRun(0, "systemctl is-active kpssh-dummy; systemctl is-enabled kpssh-dummy"); got != "active\nenabled" {
+	if got := mustRun(t, w, 0, "systemctl is-active kpssh-dummy; systemctl is-enabled kpssh-dummy"); got != "active\nenabled" {
 		t.Fatalf("after join: %q", got)
 	}
-	if got, want := w.MustRun(0, "cat /opt/kpssh-test/token.sha"), sha256hex(token); got != want {
+	if got, want := mustRun(t, w, 0, "cat /opt/kpssh-test/token.sha"), sha256hex(token); got != want {
 		t.Fatalf("token sha %s, want %s", got, want)
 	}
-	env := w.MustRun(0, "cat /opt/kpssh-test/join.env")
+	env := mustRun(t, w, 0, "cat /opt/kpssh-test/join.env")
 	for _, want := range []string{"KPSSH_NODE_NAME=node-h1", "KPSSH_VAR_greeting=hello", "KPSSH_TAINTS=karpenter.sh/unregistered:NoExecute", "KPSSH_PROVIDER_ID=kpssh://kpssh-system/h1"} {
 		if !strings.Contains(env, want) {
 			t.Errorf("join env lacks %s:\n%s", want, env)
@@ -266,10 +276,10 @@ echo '{{ .HostAddress }}' > /opt/kpssh-test/leave.txt
 		"KPSSH_BOOTSTRAP_TOKEN=", "KPSSH_CLUSTER_CA_B64=", "KPSSH_CLUSTER_ENDPOINT=", "KPSSH_HOST_ADDRESS=" + h.Address,
 		"KPSSH_NODE_ADDRESS=" + h.Address, "KPSSH_NODE_LABELS=", "KPSSH_NODE_NAME=", "KPSSH_PROVIDER_ID=", "KPSSH_TAINTS=",
 	}, "\n")
-	if got := w.MustRun(0, "cat /opt/kpssh-test/leave.env"); got != want {
+	if got := mustRun(t, w, 0, "cat /opt/kpssh-test/leave.env"); got != want {
 		t.Fatalf("leave env:\n%s\nwant:\n%s", got, want)
 	}
-	if got := w.MustRun(0, "cat /opt/kpssh-test/leave.txt"); got != h.Address {
+	if got := mustRun(t, w, 0, "cat /opt/kpssh-test/leave.txt"); got != h.Address {
 		t.Fatalf("leave.txt %q", got)
 	}
 }
@@ -293,7 +303,7 @@ func testInlineTasks(t *testing.T, w *world, e *Local) {
 		Vars    map[string]string `json:"vars"`
 		Secrets map[string]string `json:"secrets"`
 	}
-	if err := json.Unmarshal([]byte(w.MustRun(0, "cat /opt/kpssh-test/tasks.json")), &got); err != nil {
+	if err := json.Unmarshal([]byte(mustRun(t, w, 0, "cat /opt/kpssh-test/tasks.json")), &got); err != nil {
 		t.Fatal(err)
 	}
 	if got.Kpssh["node_name"] != "node-h1" || got.Kpssh["bootstrap_token"] != token || got.Kpssh["cluster_endpoint"] != c.ClusterEndpoint || got.Kpssh["host_address"] != h.Address {
@@ -305,7 +315,7 @@ func testInlineTasks(t *testing.T, w *world, e *Local) {
 	if got.Secrets["apiKey"] != apiKey {
 		t.Errorf("kpssh_secrets = %v", got.Secrets)
 	}
-	env := w.MustRun(0, "cat /opt/kpssh-test/tasks.env")
+	env := mustRun(t, w, 0, "cat /opt/kpssh-test/tasks.env")
 	if !strings.Contains(env, "KPSSH_VAR_greeting=hello") || !strings.Contains(env, "KPSSH_NODE_NAME=node-h1") {
 		t.Errorf("task environment:\n%s", env)
 	}
@@ -325,7 +335,7 @@ func testRole(t *testing.T, w *world, e *Local) {
 		mustOutcome(t, r, Succeeded)
 	}
 	var inst map[string]any
-	if err := json.Unmarshal([]byte(w.MustRun(0, "cat /var/lib/kpssh-test-role/install.json")), &inst); err != nil {
+	if err := json.Unmarshal([]byte(mustRun(t, w, 0, "cat /var/lib/kpssh-test-role/install.json")), &inst); err != nil {
 		t.Fatal(err)
 	}
 	if inst["phase"] != "install" || inst["token"] != "" || inst["node_name"] != "node-h1" {
@@ -337,16 +347,16 @@ func testRole(t *testing.T, w *world, e *Local) {
 		Vars    map[string]string `json:"vars"`
 		Secrets map[string]string `json:"secrets"`
 	}
-	if err := json.Unmarshal([]byte(w.MustRun(0, "cat /var/lib/kpssh-test-role/join.json")), &join); err != nil {
+	if err := json.Unmarshal([]byte(mustRun(t, w, 0, "cat /var/lib/kpssh-test-role/join.json")), &join); err != nil {
 		t.Fatal(err)
 	}
 	if join.Phase != "join" || join.Kpssh["bootstrap_token"] != token || join.Vars["greeting"] != "hello" || join.Secrets["apiKey"] != apiKey {
 		t.Errorf("join got %+v", join)
 	}
-	if got := w.MustRun(0, "cat /var/lib/kpssh-test-role/leave.txt"); got != h.Address+" "+h.Address {
+	if got := mustRun(t, w, 0, "cat /var/lib/kpssh-test-role/leave.txt"); got != h.Address+" "+h.Address {
 		t.Errorf("leave got %q", got)
 	}
-	leaveEnv := w.MustRun(0, "cat /var/lib/kpssh-test-role/leave.env")
+	leaveEnv := mustRun(t, w, 0, "cat /var/lib/kpssh-test-role/leave.env")
 	if strings.Contains(leaveEnv, "KPSSH_VAR_") || strings.Contains(leaveEnv, "KPSSH_NODE_NAME=node") || !strings.Contains(leaveEnv, "KPSSH_HOST_ADDRESS="+h.Address) {
 		t.Errorf("leave environment:\n%s", leaveEnv)
 	}
@@ -546,13 +556,13 @@ func testWrongPort(t *testing.T, w *world, e *Local) {
 func testHostKeyMismatch(t *testing.T, w *world, e *Local) {
 	conn := w.conn(0)
 	conn.HostKey = w.Host(1).HostKey // another host's key
-	w.MustRun(0, "rm -f /tmp/kpssh-hostkey-ran")
+	mustRun(t, w, 0, "rm -f /tmp/kpssh-hostkey-ran")
 	r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: conn, Source: Source{Script: "touch /tmp/kpssh-hostkey-ran"}, Context: joinContext(w.Host(0)), Timeout: time.Minute})
 	mustOutcome(t, r, Failed)
 	if r.Touched || r.FailedTask != connectTaskName || !strings.Contains(r.Message, "host key mismatch") {
 		t.Fatalf("result %+v", r)
 	}
-	if out := w.MustRun(0, "test -e /tmp/kpssh-hostkey-ran && echo ran || echo not"); out != "not" {
+	if out := mustRun(t, w, 0, "test -e /tmp/kpssh-hostkey-ran && echo ran || echo not"); out != "not" {
 		t.Fatal("the script ran despite the host key mismatch")
 	}
 }
@@ -578,7 +588,7 @@ func testFetchHostKey(t *testing.T, w *world) {
 }
 
 func testSudoUser(t *testing.T, w *world, e *Local) {
-	w.MustRun(1, `set -e
+	mustRun(t, w, 1, `set -e
 id deploy >/dev/null 2>&1 || useradd -m -s /bin/bash deploy
 install -d -m 0700 -o deploy -g deploy /home/deploy/.ssh
 install -m 0600 -o deploy -g deploy /root/.ssh/authorized_keys /home/deploy/.ssh/authorized_keys
@@ -592,7 +602,7 @@ rm -f /root/sudo-id /root/become-id`)
 	c := joinContext(w.Host(1))
 	r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: conn, Source: Source{Script: `printf '%s %s %s\n' "$(id -u)" "$SUDO_USER" "$KPSSH_NODE_NAME" > /root/sudo-id`}, Context: c, Timeout: time.Minute})
 	mustOutcome(t, r, Succeeded)
-	if got := w.MustRun(1, "cat /root/sudo-id"); got != "0 deploy node-h2" {
+	if got := mustRun(t, w, 1, "cat /root/sudo-id"); got != "0 deploy node-h2" {
 		t.Fatalf("script ran as %q, want root via sudo from deploy", got)
 	}
 	tasks := `- name: whoami
@@ -605,7 +615,7 @@ rm -f /root/sudo-id /root/become-id`)
 `
 	r = e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: conn, Source: Source{Tasks: tasks}, Context: c, Timeout: time.Minute})
 	mustOutcome(t, r, Succeeded)
-	if got := w.MustRun(1, "cat /root/become-id"); got != "0" {
+	if got := mustRun(t, w, 1, "cat /root/become-id"); got != "0" {
 		t.Fatalf("tasks ran as %q", got)
 	}
 	// without sudo rights the phase fails on the host, with sudo's message
@@ -618,7 +628,7 @@ rm -f /root/sudo-id /root/become-id`)
 }
 
 func testNoPython(t *testing.T, w *world, e *Local) {
-	w.MustRun(1, "for p in /usr/bin/python3 /usr/bin/python3.11; do mv $p $p.kpssh-aside; done; rm -f /root/nopython")
+	mustRun(t, w, 1, "for p in /usr/bin/python3 /usr/bin/python3.11; do mv $p $p.kpssh-aside; done; rm -f /root/nopython")
 	t.Cleanup(func() {
 		if _, _, err := w.Run(1, "for p in /usr/bin/python3 /usr/bin/python3.11; do mv $p.kpssh-aside $p; done"); err != nil {
 			t.Errorf("restore python: %v", err)
@@ -629,7 +639,7 @@ func testNoPython(t *testing.T, w *world, e *Local) {
 	}
 	r := e.Run(context.Background(), Request{Phase: PhaseInstall, Conn: w.conn(1), Source: Source{Script: "echo works-without-python > /root/nopython"}, Context: joinContext(w.Host(1)), Timeout: time.Minute})
 	mustOutcome(t, r, Succeeded)
-	if got := w.MustRun(1, "cat /root/nopython"); got != "works-without-python" {
+	if got := mustRun(t, w, 1, "cat /root/nopython"); got != "works-without-python" {
 		t.Fatalf("got %q", got)
 	}
 	// a module-based profile does need Python: it fails on the host, reached
@@ -642,7 +652,7 @@ func testNoPython(t *testing.T, w *world, e *Local) {
 
 func testTimeout(t *testing.T, w *world) {
 	e := testEngine(t, func(o *Options) { o.KillGrace = 2 * time.Second })
-	w.MustRun(2, "pkill -f kpssh-timeout-marker; true")
+	mustRun(t, w, 2, "pkill -f kpssh-timeout-[m]arker; true")
 	start := time.Now()
 	r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(2), Source: Source{Script: "echo started\nexec -a kpssh-timeout-marker sleep 600\n"}, Context: joinContext(w.Host(2)), Timeout: 3 * time.Second})
 	el := time.Since(start)
@@ -657,7 +667,7 @@ func testTimeout(t *testing.T, w *world) {
 	// timeout(1) ends the script there too.
 	end := time.Now().Add(20 * time.Second)
 	for {
-		out, _, _ := w.Run(2, "pgrep -f kpssh-timeout-marker || true")
+		out, _, _ := w.Run(2, "pgrep -f kpssh-timeout-[m]arker || true")
 		if strings.TrimSpace(out) == "" {
 			break
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -57,6 +58,9 @@ type renderConfig struct {
 	connectTimeout  time.Duration
 	timeout         time.Duration // the phase timeout (host-side bound for scripts)
 	remoteTimeout   bool
+	// tag names the run on the host: the script's bash gets it as $1, so an
+	// interrupted run can find and stop its script there.
+	tag string
 }
 
 // bundle is every file of a run, rendered.
@@ -287,12 +291,16 @@ func connectTask() string {
 
 // scriptCommand is the remote command a script is piped into: bash -s as
 // root (sudo -n for other users), bounded on the host by timeout(1) so a
-// phase the controller gave up on does not live on there.
+// phase the controller gave up on does not live on there, with the run tag
+// as $1 (the controller stops an interrupted script by it).
 func scriptCommand(req Request, rc renderConfig) string {
 	cmd := "bash -s"
+	if rc.tag != "" {
+		cmd += " " + rc.tag
+	}
 	if rc.remoteTimeout && rc.timeout > 0 {
 		secs := int(math.Ceil(rc.timeout.Seconds()))
-		cmd = fmt.Sprintf("timeout -k %d %d bash -s", remoteKillAfter, secs)
+		cmd = fmt.Sprintf("timeout -k %d %d %s", remoteKillAfter, secs, cmd)
 	}
 	if connUser(req.Conn) != "root" {
 		cmd = "sudo -n " + cmd
@@ -436,7 +444,7 @@ const renderPlaceholderDir = "/dev/shm/kpssh-RUN"
 // directory. See (*Local).Render for an engine's own paths.
 func Render(req Request, secretsMasked bool) (string, error) {
 	return renderText(req, secretsMasked, renderConfig{
-		dir: renderPlaceholderDir, python: DefaultPythonInterpreter,
+		dir: renderPlaceholderDir, python: DefaultPythonInterpreter, tag: filepath.Base(renderPlaceholderDir),
 		collectionsPath: "/usr/share/kpssh/collections", connectTimeout: DefaultConnectTimeout,
 		timeout: req.Timeout, remoteTimeout: true,
 	})

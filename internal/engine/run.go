@@ -162,7 +162,7 @@ func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 func (l *Local) renderConfig(dir string, timeout time.Duration) renderConfig {
 	return renderConfig{
-		dir: dir, collectionsPath: l.opts.CollectionsPath, rolesPath: l.opts.RolesPath,
+		dir: dir, tag: filepath.Base(dir), collectionsPath: l.opts.CollectionsPath, rolesPath: l.opts.RolesPath,
 		python: l.opts.PythonInterpreter, connectTimeout: l.opts.ConnectTimeout,
 		timeout: timeout, remoteTimeout: !l.opts.NoRemoteTimeout,
 	}
@@ -340,6 +340,12 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 	_ = cmd.Wait()
 	ew.Close()
 	f.exitCode = cmd.ProcessState.ExitCode()
+	if f.interrupted != "" && b.kind == kindScript && ew.sum.LastTaskInternal == internalScript {
+		// Killing ssh does not stop the script on the host: stop it there
+		// through the still-open master (timeout(1) would, but only when
+		// the phase timeout runs out there).
+		l.stopRemoteScript(dir, req.Conn)
+	}
 	// The ControlPersist master daemonized into its own session: stop it.
 	l.stopControlMaster(dir)
 
@@ -391,6 +397,35 @@ func waitExitedNoReap(pid int) {
 			return
 		}
 	}
+}
+
+// stopRemoteScript sends SIGTERM to the processes on the host whose command
+// line carries this run's tag (the script's timeout(1) and bash; timeout
+// passes the signal on to the script's whole process group and SIGKILLs it
+// after remoteKillAfter seconds). It goes through the run's ControlMaster,
+// so it needs no new authentication, and is bounded.
+func (l *Local) stopRemoteScript(dir *runDir, conn Connection) {
+	sock := dir.join(sockControl)
+	if _, err := os.Stat(sock); err != nil {
+		return
+	}
+	tag := filepath.Base(dir.path)
+	i := strings.IndexByte(tag, '-')
+	// The pattern is assembled at run time so that this command's own
+	// command line does not match it. POSIX sh, no procps needed.
+	loop := fmt.Sprintf(`a=%s; p="$a%s"; for d in /proc/[0-9]*; do c=$(tr '\000' ' ' < "$d/cmdline" 2>/dev/null) || continue; case "$c" in *"$p"*) kill -TERM "${d#/proc/}" 2>/dev/null;; esac; done; exit 0`, tag[:i], tag[i:])
+	remote := "sh -c " + ShellQuote(loop)
+	if connUser(conn) != "root" {
+		remote = "sudo -n " + remote
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c := exec.CommandContext(ctx, "ssh", "-F", "/dev/null", "-o", "ControlPath="+sock, "-o", "ControlMaster=no", "-o", "BatchMode=yes", "kpssh-run", remote)
+	c.Env = []string{"PATH=" + l.opts.Path, "HOME=" + dir.path, "LANG=C.UTF-8"}
+	c.Dir = dir.path
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.WaitDelay = time.Second
+	_ = c.Run()
 }
 
 // stopControlMaster ends the run's ssh ControlPersist master: `ssh -O exit`
