@@ -237,3 +237,40 @@ func (in *SSHHost) InMaintenance() bool {
 	_, ok := in.Annotations[AnnotationMaintenance]
 	return ok
 }
+
+// Ready condition reasons on SSHHost.
+const (
+	ReasonProbeSucceeded = "ProbeSucceeded"
+	ReasonProbeFailed    = "ProbeFailed"
+	ReasonAwaitingProbe  = "AwaitingProbe"
+	ReasonMaintenance    = "Maintenance"
+)
+
+// SetState sets the state and the Ready condition that mirrors it. Every
+// writer of state goes through here so the two never disagree.
+func (h *SSHHost) SetState(s HostState, msg string, now metav1.Time) {
+	h.Status.State = s
+	cond := status.Condition{Type: ConditionReady, ObservedGeneration: h.Generation, LastTransitionTime: now}
+	switch s {
+	case HostAvailable, HostClaimed, HostInUse:
+		cond.Status, cond.Reason = metav1.ConditionTrue, ReasonProbeSucceeded
+	case HostUnhealthy:
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonProbeFailed
+	case HostMaintenance:
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonMaintenance
+	default: // Pending, Leaving
+		cond.Status, cond.Reason = metav1.ConditionUnknown, ReasonAwaitingProbe
+	}
+	cond.Message = msg
+	for i, c := range h.Status.Conditions {
+		if c.Type != cond.Type {
+			continue
+		}
+		if c.Status == cond.Status {
+			cond.LastTransitionTime = c.LastTransitionTime
+		}
+		h.Status.Conditions[i] = cond
+		return
+	}
+	h.Status.Conditions = append(h.Status.Conditions, cond)
+}

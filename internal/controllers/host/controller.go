@@ -33,8 +33,8 @@ import (
 
 // Defaults of the seed's probe behaviour.
 const (
-	DefaultProbeInterval    = 2 * time.Minute
-	DefaultProbeTimeout     = probe.DefaultTimeout
+	DefaultProbeInterval = 2 * time.Minute
+	DefaultProbeTimeout  = probe.DefaultTimeout
 	// DefaultProbeConcurrency: probes are network-bound (a handshake waits on
 	// the peer), so more workers than cores pays off. BenchmarkProbeSweep1000
 	// on 2 cores: a 1,000-host sweep takes ~2.1 s at the seed's 8 workers and

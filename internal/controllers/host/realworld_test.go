@@ -50,6 +50,11 @@ func TestMain(m *testing.M) {
 // apiserver with a short probe interval, in its own namespace.
 func startController(t *testing.T, ns string, interval time.Duration) {
 	t.Helper()
+	t.Cleanup(startControllerB(t, ns, interval))
+}
+
+func startControllerB(t testing.TB, ns string, interval time.Duration) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr, err := manager.New(env.Config, manager.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
 	if err != nil {
@@ -63,7 +68,7 @@ func startController(t *testing.T, ns string, interval time.Duration) {
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = mgr.Start(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	return func() { cancel(); <-done }
 }
 
 func createNS(t *testing.T, name string) {

@@ -1,0 +1,182 @@
+// Package pool is the host pool as Karpenter's provider sees it: finding
+// free hosts, claiming one with a compare-and-swap on status.claimRef,
+// resuming and releasing claims, and the narrow status setters used while a
+// claim holds. Every write is optimistic-locked; a lost race is a 409 that
+// the caller handles, never a silent overwrite.
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+)
+
+// ErrNoHost means no free host matched; the caller answers
+// InsufficientCapacity.
+var ErrNoHost = errors.New("no free host")
+
+// ErrClaimLost means the host no longer holds the claim the caller acts
+// under (released, re-claimed by a successor): the caller must stop.
+var ErrClaimLost = errors.New("claim no longer held")
+
+// Claim identifies one NodeClaim object.
+type Claim struct {
+	Name string
+	UID  types.UID
+}
+
+func (c Claim) ref() *v1beta1.ClaimRef { return &v1beta1.ClaimRef{Name: c.Name, UID: c.UID} }
+
+// Holds reports whether h is claimed by exactly this NodeClaim object.
+func (c Claim) Holds(h *v1beta1.SSHHost) bool {
+	r := h.Status.ClaimRef
+	return r != nil && r.Name == c.Name && r.UID == c.UID
+}
+
+// Pool reads and writes hosts of one namespace.
+type Pool struct {
+	Client    client.Client
+	Namespace string
+	Now       func() metav1.Time
+}
+
+// New returns a Pool over namespace.
+func New(c client.Client, namespace string) *Pool {
+	return &Pool{Client: c, Namespace: namespace, Now: metav1.Now}
+}
+
+// Hosts lists the pool, optionally filtered by a selector.
+func (p *Pool) Hosts(ctx context.Context, sel labels.Selector) ([]v1beta1.SSHHost, error) {
+	list := &v1beta1.SSHHostList{}
+	opts := []client.ListOption{client.InNamespace(p.Namespace)}
+	if sel != nil {
+		opts = append(opts, client.MatchingLabelsSelector{Selector: sel})
+	}
+	if err := p.Client.List(ctx, list, opts...); err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
+// Free reports whether a host can be claimed: Available, unclaimed, not
+// annotated for maintenance (honoured from the moment it is set).
+func Free(h *v1beta1.SSHHost) bool {
+	return h.DeletionTimestamp.IsZero() && h.Status.State == v1beta1.HostAvailable && h.Status.ClaimRef == nil && !h.InMaintenance()
+}
+
+// Candidates returns the free hosts of class among hosts, oldest first.
+func Candidates(hosts []v1beta1.SSHHost, class string) []*v1beta1.SSHHost {
+	var out []*v1beta1.SSHHost
+	for i := range hosts {
+		h := &hosts[i]
+		if Free(h) && h.Class() == class {
+			out = append(out, h)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i].CreationTimestamp, out[j].CreationTimestamp
+		if !a.Equal(&b) {
+			return a.Before(&b)
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
+}
+
+// ClaimOne claims the first candidate it wins. A 409 (someone else changed
+// the host since it was read) moves on to the next candidate; the same
+// host is never retried, so two claimers never both believe they won.
+func (p *Pool) ClaimOne(ctx context.Context, candidates []*v1beta1.SSHHost, c Claim) (*v1beta1.SSHHost, error) {
+	for _, cand := range candidates {
+		h := cand.DeepCopy()
+		if !Free(h) {
+			continue
+		}
+		orig := h.DeepCopy()
+		h.Status.ClaimRef = c.ref()
+		h.SetState(v1beta1.HostClaimed, "claimed by NodeClaim "+c.Name, p.Now())
+		h.Status.LastPhase = nil
+		if err := p.patch(ctx, orig, h); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, err
+		}
+		return h, nil
+	}
+	return nil, ErrNoHost
+}
+
+// ByClaim finds the host holding c (name and UID), or nil.
+func (p *Pool) ByClaim(ctx context.Context, c Claim) (*v1beta1.SSHHost, error) {
+	hosts, err := p.Hosts(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	for i := range hosts {
+		if c.Holds(&hosts[i]) {
+			return &hosts[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// Update applies mutate to the host while c still holds it, retrying on
+// conflict with a fresh read. It returns ErrClaimLost once the claim is gone.
+// Setters (providerID, install marker, token id, lastPhase) go through here.
+func (p *Pool) Update(ctx context.Context, name string, c Claim, mutate func(h *v1beta1.SSHHost)) (*v1beta1.SSHHost, error) {
+	for attempt := 0; attempt < 10; attempt++ {
+		h := &v1beta1.SSHHost{}
+		if err := p.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: name}, h); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, ErrClaimLost
+			}
+			return nil, err
+		}
+		if !c.Holds(h) {
+			return nil, ErrClaimLost
+		}
+		orig := h.DeepCopy()
+		mutate(h)
+		err := p.patch(ctx, orig, h)
+		if err == nil {
+			return h, nil
+		}
+		if !apierrors.IsConflict(err) {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("update host %s: too many conflicts", name)
+}
+
+// Release ends c's claim on the host, landing it in state (Available after a
+// clean leave or a config error, Unhealthy after a host-side failure).
+// Releasing a host c does not hold is ErrClaimLost and changes nothing.
+func (p *Pool) Release(ctx context.Context, name string, c Claim, state v1beta1.HostState, msg string) (*v1beta1.SSHHost, error) {
+	return p.Update(ctx, name, c, func(h *v1beta1.SSHHost) {
+		h.Status.ClaimRef = nil
+		h.Status.BootstrapTokenID = ""
+		h.Status.ProviderID = ""
+		h.SetState(state, msg, p.Now())
+		if state == v1beta1.HostUnhealthy && msg != "" {
+			h.Status.LastProbeError = msg
+		}
+	})
+}
+
+func (p *Pool) patch(ctx context.Context, orig, h *v1beta1.SSHHost) error {
+	if equality.Semantic.DeepEqual(orig.Status, h.Status) {
+		return nil
+	}
+	return p.Client.Status().Patch(ctx, h, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+}
