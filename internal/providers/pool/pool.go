@@ -45,14 +45,22 @@ func (c Claim) Holds(h *v1beta1.SSHHost) bool {
 
 // Pool reads and writes hosts of one namespace.
 type Pool struct {
-	Client    client.Client
+	// Client writes, and reads through the informer cache where staleness is
+	// harmless (candidate lists: a stale candidate only costs a 409).
+	Client client.Client
+	// Live reads the apiserver directly: decisions about a claim the caller
+	// holds must not be taken on a cache that has not seen its own write.
+	Live      client.Reader
 	Namespace string
 	Now       func() metav1.Time
 }
 
-// New returns a Pool over namespace.
-func New(c client.Client, namespace string) *Pool {
-	return &Pool{Client: c, Namespace: namespace, Now: metav1.Now}
+// New returns a Pool over namespace; live may be nil when c is uncached.
+func New(c client.Client, live client.Reader, namespace string) *Pool {
+	if live == nil {
+		live = c
+	}
+	return &Pool{Client: c, Live: live, Namespace: namespace, Now: metav1.Now}
 }
 
 // Hosts lists the pool, optionally filtered by a selector.
@@ -137,7 +145,7 @@ func (p *Pool) ByClaim(ctx context.Context, c Claim) (*v1beta1.SSHHost, error) {
 func (p *Pool) Update(ctx context.Context, name string, c Claim, mutate func(h *v1beta1.SSHHost)) (*v1beta1.SSHHost, error) {
 	for attempt := 0; attempt < 10; attempt++ {
 		h := &v1beta1.SSHHost{}
-		if err := p.Client.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: name}, h); err != nil {
+		if err := p.Live.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: name}, h); err != nil {
 			if apierrors.IsNotFound(err) {
 				return nil, ErrClaimLost
 			}

@@ -1,0 +1,169 @@
+// Package instancetype turns host classes into Karpenter instance types, by
+// the seed's rules: one instance type per class; capacity is the
+// per-resource minimum over the class (a resource some host lacks is
+// dropped); one architecture per class or the class is skipped; classes with
+// no probed host are not advertised; price = pricePerCPUHour × vCPU; the one
+// offering is available while at least one host of the class is free.
+package instancetype
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+	"sigs.k8s.io/karpenter/pkg/scheduling"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/providers/pool"
+)
+
+// Zone and capacity type every offering carries: the pool is one place and
+// the hosts are owned, not spot.
+const (
+	Zone         = "pool"
+	CapacityType = karpv1.CapacityTypeOnDemand
+)
+
+// Class is the computed view of one host class.
+type Class struct {
+	Name     string
+	Arch     string
+	Capacity corev1.ResourceList
+	Free     int
+	Hosts    int
+}
+
+// Classes groups hosts (already filtered by the node class selector) into
+// classes. Skipped classes are logged with the reason; they are never
+// claimable because they are never advertised.
+func Classes(log logr.Logger, hosts []v1beta1.SSHHost) []Class {
+	byClass := map[string][]*v1beta1.SSHHost{}
+	for i := range hosts {
+		h := &hosts[i]
+		byClass[h.Class()] = append(byClass[h.Class()], h)
+	}
+	names := make([]string, 0, len(byClass))
+	for n := range byClass {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var out []Class
+	for _, name := range names {
+		members := byClass[name]
+		arches := map[string]bool{}
+		for _, h := range members {
+			if h.Status.ObservedArch != "" {
+				arches[h.Status.ObservedArch] = true
+			}
+		}
+		if len(arches) == 0 {
+			continue // no probed host yet: not advertised
+		}
+		if len(arches) > 1 {
+			log.Error(fmt.Errorf("host class %q mixes architectures %v", name, keys(arches)), "skipping host class: split it into one class per architecture", "class", name)
+			continue
+		}
+		c := Class{Name: name, Arch: keys(arches)[0], Capacity: minCapacity(members), Hosts: len(members)}
+		for _, h := range members {
+			if pool.Free(h) {
+				c.Free++
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// minCapacity is the per-resource minimum over spec.capacity; a resource
+// missing on any host is dropped (Karpenter cannot know which host answers).
+func minCapacity(hosts []*v1beta1.SSHHost) corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for name, q := range hosts[0].Spec.Capacity {
+		min := q.DeepCopy()
+		present := true
+		for _, h := range hosts[1:] {
+			o, ok := h.Spec.Capacity[name]
+			if !ok {
+				present = false
+				break
+			}
+			if o.Cmp(min) < 0 {
+				min = o.DeepCopy()
+			}
+		}
+		if present {
+			out[name] = min
+		}
+	}
+	return out
+}
+
+// New builds the instance type of one class under a node class.
+func New(c Class, nc *v1beta1.SSHNodeClass) (*cloudprovider.InstanceType, error) {
+	capacity := c.Capacity.DeepCopy()
+	pods := int64(nc.Spec.MaxPods)
+	if pods == 0 {
+		pods = 110
+	}
+	if declared, ok := capacity[corev1.ResourcePods]; ok && declared.Value() < pods {
+		pods = declared.Value()
+	}
+	capacity[corev1.ResourcePods] = *resource.NewQuantity(pods, resource.DecimalSI)
+
+	price, err := Price(nc.Spec.PricePerCPUHour, capacity.Cpu())
+	if err != nil {
+		return nil, err
+	}
+	reserved := nc.Spec.KubeReserved.DeepCopy()
+	if len(reserved) == 0 {
+		reserved = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("80m"), corev1.ResourceMemory: resource.MustParse("300Mi")}
+	}
+	return &cloudprovider.InstanceType{
+		Name: c.Name,
+		Requirements: scheduling.NewRequirements(
+			scheduling.NewRequirement(corev1.LabelInstanceTypeStable, corev1.NodeSelectorOpIn, c.Name),
+			scheduling.NewRequirement(corev1.LabelArchStable, corev1.NodeSelectorOpIn, c.Arch),
+			scheduling.NewRequirement(corev1.LabelOSStable, corev1.NodeSelectorOpIn, string(corev1.Linux)),
+			scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, Zone),
+			scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, CapacityType),
+		),
+		Offerings: cloudprovider.Offerings{{
+			Requirements: scheduling.NewRequirements(
+				scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, Zone),
+				scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, CapacityType),
+			),
+			Price: price,
+			// An exhausted class stays advertised, marked unavailable: dropping
+			// an instance type confuses Karpenter's consolidation.
+			Available: c.Free > 0,
+		}},
+		Capacity: capacity,
+		Overhead: &cloudprovider.InstanceTypeOverhead{KubeReserved: reserved},
+	}, nil
+}
+
+// Price is pricePerCPUHour × vCPU.
+func Price(perCPUHour string, cpu *resource.Quantity) (float64, error) {
+	if perCPUHour == "" {
+		perCPUHour = "0.02"
+	}
+	p, err := strconv.ParseFloat(perCPUHour, 64)
+	if err != nil || p < 0 {
+		return 0, fmt.Errorf("pricePerCPUHour %q is not a non-negative number", perCPUHour)
+	}
+	return p * float64(cpu.MilliValue()) / 1000, nil
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
