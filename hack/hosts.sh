@@ -1,0 +1,816 @@
+#!/usr/bin/env bash
+# hack/hosts.sh — a "world" of N SSH-reachable test hosts for kpssh.
+#
+# Each host is a systemd-nspawn container booting the image built by
+# hack/rootfs.sh (read-only overlay lower layer), in its own network namespace
+# wired to a per-world bridge, in its own cgroup in every hierarchy.
+#
+#   hosts.sh up N        bring hosts h1..hN up (idempotent; adds missing hosts)
+#   hosts.sh down        stop every host, remove bridge, cgroups, state (idempotent)
+#   hosts.sh reboot I    stop + start host I, keeping its disk (overlay upper dir)
+#   hosts.sh wipe I      stop host I, give it a fresh disk, new host key + machine-id, start
+#   hosts.sh cut I       take host I's link down        hosts.sh heal I   bring it back
+#   hosts.sh inventory   print the world as JSON        hosts.sh status   human summary
+#   hosts.sh gc          down every world whose owner process (KPSSH_OWNER_PID) is gone
+#
+# Environment:
+#   KPSSH_WORLD      world name (default "default"; [A-Za-z0-9_.-], ≤ 100 chars)
+#   KPSSH_OWNER_PID  optional: pid owning the world (used by "gc")
+#   KPSSH_CACHE      rootfs cache dir (see hack/rootfs.sh)
+#   KPSSH_SSH_WAIT   seconds to wait for a host's sshd (default 120)
+#
+# Several worlds can exist at once: each has its own state dir
+# /run/kpssh-world/<world>/, bridge kpb-<tag>, 10.231.<k>.0/24 subnet (bridge
+# .1, host i at .(10+i)), and netns / veth / machine / cgroup names carrying
+# <tag> (8 hex chars of sha256(world)).
+set -euo pipefail
+export KPSSH_PROG=hosts.sh
+# shellcheck source=hack/lib/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+REPO=$(repo_root)
+RUN_BASE=/run/kpssh-world
+SUBNET_PREFIX=10.231
+HOST_OFFSET=10
+MAX_HOSTS=240
+SSH_WAIT=${KPSSH_SSH_WAIT:-120}
+# Never inherit nspawn tuning knobs (USE_CGNS=0 breaks boot, UNIFIED_HIERARCHY=1 breaks pods).
+for v in "${!SYSTEMD_NSPAWN_@}"; do unset "$v"; done
+
+WORLD=${KPSSH_WORLD:-default}
+[[ $WORLD =~ ^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$ ]] ||
+	die "invalid KPSSH_WORLD '$WORLD' (use [A-Za-z0-9_.-], at most 100 chars)"
+TAG=$(printf '%s' "$WORLD" | sha256sum | cut -c1-8)
+STATE=$RUN_BASE/$WORLD
+BRIDGE=kpb-$TAG
+CG_NAME=kpssh-$TAG # per-world cgroup dir under the root of every hierarchy
+
+# ---------------------------------------------------------------- naming --
+
+machine_of() { echo "kpssh-$TAG-h$1"; }
+netns_of() { echo "kpssh-$TAG-h$1"; }
+veth_of() { echo "kpv$TAG$1"; } # machine-side end, a port of the bridge (≤15 chars)
+mac_of() { printf '02:%s:%s:%s:%s:%02x\n' "${TAG:0:2}" "${TAG:2:2}" "${TAG:4:2}" "${TAG:6:2}" "$1"; }
+ip_of() { echo "$SUBNET_PREFIX.$SUBNET_K.$((HOST_OFFSET + $1))"; }
+hdir_of() { echo "$STATE/hosts/h$1"; }
+
+# cgroup_roots prints every cgroup hierarchy mount point (v1 controllers,
+# name=systemd and the unified v2 one).
+mapfile -t CG_ROOTS < <(awk '$3 == "cgroup" || $3 == "cgroup2" { print $2 }' /proc/self/mounts | sort -u)
+cgroup_roots() {
+	((${#CG_ROOTS[@]} == 0)) || printf '%s\n' "${CG_ROOTS[@]}"
+}
+
+# ------------------------------------------------------------ preflight --
+
+preflight() {
+	need_root
+	need_cmd systemd-nspawn systemd-container
+	need_cmd ip iproute2
+	need_cmd ssh openssh-client
+	need_cmd ssh-keygen openssh-client
+	need_cmd unshare util-linux
+	need_cmd setsid util-linux
+	need_cmd flock util-linux
+	need_cmd pgrep procps
+	need_cmd sha256sum coreutils
+	grep -qw overlay /proc/filesystems || modprobe overlay 2>/dev/null ||
+		die "kernel has no overlay filesystem support"
+	[[ -n $(cgroup_roots) ]] || die "no cgroup hierarchies mounted under /sys/fs/cgroup"
+}
+
+# ------------------------------------------------------------- world --
+
+load_world() {
+	[[ -f $STATE/world.env ]] || return 1
+	# shellcheck source=/dev/null
+	source "$STATE/world.env"
+	[[ ${SUBNET_K:-} =~ ^[0-9]+$ ]] || die "corrupt $STATE/world.env"
+}
+
+# alloc_subnet picks a free 10.231.<k>.0/24 (1..254) not used by another world
+# or by any interface on the machine. Caller holds the global lock.
+alloc_subnet() {
+	local used k f
+	used=" "
+	for f in "$RUN_BASE"/*/world.env; do
+		[[ -f $f ]] || continue
+		k=$(sed -n 's/^SUBNET_K=//p' "$f")
+		used+="$k "
+	done
+	local addrs
+	addrs=$(ip -4 -o addr show 2>/dev/null | awk '{print $4}')
+	for ((k = 1; k <= 254; k++)); do
+		[[ $used == *" $k "* ]] && continue
+		grep -q "^$SUBNET_PREFIX\.$k\." <<<"$addrs" && continue
+		echo "$k"
+		return 0
+	done
+	return 1
+}
+
+create_world() {
+	mkdir -p "$RUN_BASE"
+	chmod 0755 "$RUN_BASE"
+	local k rootfs
+	# An existing world keeps its image (all its hosts boot the same one).
+	# Otherwise build (or reuse) the image before taking locks: it can take minutes.
+	if load_world && [[ -x ${ROOTFS:-/nonexistent}/lib/systemd/systemd ]]; then
+		rootfs=$ROOTFS
+	else
+		# (rootfs.sh prints its own one-line reason on failure)
+		rootfs=$("$REPO/hack/rootfs.sh") || exit 1
+		[[ -d $rootfs && -x $rootfs/lib/systemd/systemd ]] || die "hack/rootfs.sh returned no usable rootfs ($rootfs)"
+		prune_rootfs_cache "$rootfs" || true
+	fi
+	{
+		flock 8
+		if ! load_world; then
+			if ip link show "$BRIDGE" >/dev/null 2>&1; then
+				die "bridge $BRIDGE of world '$WORLD' exists without state; run: KPSSH_WORLD=$WORLD $0 down"
+			fi
+			k=$(alloc_subnet) || die "no free $SUBNET_PREFIX.<k>.0/24 subnet left for a new world"
+			CREATED_WORLD=1
+			mkdir -p "$STATE/hosts"
+			chmod 0700 "$STATE"
+			cat >"$STATE/world.env.tmp" <<-EOF
+				WORLD=$WORLD
+				TAG=$TAG
+				SUBNET_K=$k
+				ROOTFS=$rootfs
+				OWNER_PID=${KPSSH_OWNER_PID:-}
+				OWNER_START=$( [[ -n ${KPSSH_OWNER_PID:-} ]] && proc_start "$KPSSH_OWNER_PID" )
+			EOF
+			mv "$STATE/world.env.tmp" "$STATE/world.env"
+		fi
+	} 8>"$RUN_BASE/.lock"
+	load_world
+
+	# Client key pair of the world (what kpssh / the tests log in with).
+	if [[ ! -f $STATE/id_ed25519 ]]; then
+		rm -f "$STATE/id_ed25519.pub"
+		ssh-keygen -q -t ed25519 -N '' -C "kpssh-world-$WORLD" -f "$STATE/id_ed25519" >/dev/null
+	fi
+	chmod 0600 "$STATE/id_ed25519"
+	touch "$STATE/known_hosts"
+
+	# Per-world cgroup in every hierarchy.
+	local root
+	while IFS= read -r root; do
+		mkdir -p "$root/$CG_NAME"
+		cpuset_init "$root" "$root/$CG_NAME"
+	done < <(cgroup_roots)
+
+	# Bridge: fixed MAC, .1/24, no STP delay.
+	if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+		ip link add "$BRIDGE" type bridge stp_state 0 forward_delay 0
+		ip link set "$BRIDGE" address "$(mac_of 0)"
+	fi
+	if ! ip -4 -o addr show dev "$BRIDGE" | grep -qw "$SUBNET_PREFIX.$SUBNET_K.1/24"; then
+		ip addr add "$SUBNET_PREFIX.$SUBNET_K.1/24" dev "$BRIDGE"
+	fi
+	ip link set "$BRIDGE" up
+}
+
+# cpuset_init ROOT DIR: a new v1 cpuset cgroup starts with empty cpus/mems and
+# refuses tasks; copy them from the parent.
+cpuset_init() {
+	local root=$1 dir=$2
+	[[ -f $dir/cpuset.cpus && ! -f $root/cgroup.controllers ]] || return 0
+	[[ -n $(<"$dir/cpuset.cpus") ]] || cat "$(dirname "$dir")/cpuset.cpus" >"$dir/cpuset.cpus"
+	[[ -n $(<"$dir/cpuset.mems") ]] || cat "$(dirname "$dir")/cpuset.mems" >"$dir/cpuset.mems"
+}
+
+proc_start() { # start time of a pid (field 22 of /proc/pid/stat), empty if gone
+	local s a
+	{ read -r s <"/proc/$1/stat"; } 2>/dev/null || return 0
+	s=${s##*) }
+	read -ra a <<<"$s"
+	echo "${a[19]}"
+}
+
+# ------------------------------------------------------------- host --
+
+host_indices() { # indices of the world's hosts, ascending
+	local d
+	for d in "$STATE"/hosts/h*; do
+		[[ -f $d/host.env ]] && echo "${d##*/h}"
+	done | sort -n
+}
+
+host_exists() { [[ -f $(hdir_of "$1")/host.env ]]; }
+
+# cmdline_has PID WORD: the process's argv contains WORD (no forks: this
+# runs in polling loops).
+cmdline_has() {
+	local args=()
+	{ mapfile -d '' args <"/proc/$1/cmdline"; } 2>/dev/null || return 1
+	[[ " ${args[*]} " == *" $2 "* ]]
+}
+
+# nspawn_pid I prints the recorded nspawn pid if that process is still the
+# nspawn of this host, else nothing.
+nspawn_pid() {
+	local f=$STATE/hosts/h$1/nspawn.pid p
+	[[ -f $f ]] || return 0
+	{ read -r p <"$f"; } 2>/dev/null || return 0
+	[[ $p =~ ^[0-9]+$ ]] || return 0
+	if cmdline_has "$p" "--machine=kpssh-$TAG-h$1"; then echo "$p"; fi
+	return 0
+}
+
+# container_pid1 I prints the PID (machine view) of the host's PID 1: the
+# child of nspawn (preferably the one running systemd).
+container_pid1() {
+	local np c first="" comm
+	np=$(nspawn_pid "$1")
+	[[ -n $np ]] || return 0
+	for c in $(pgrep -P "$np" 2>/dev/null); do
+		[[ -n $first ]] || first=$c
+		{ read -r comm <"/proc/$c/comm"; } 2>/dev/null || continue
+		if [[ $comm == systemd ]]; then
+			echo "$c"
+			return 0
+		fi
+	done
+	[[ -z $first ]] || echo "$first"
+}
+
+# launcher_alive I: the recorded launcher process still exists and is not a
+# zombie: either the launcher shell (machine name is one of its arguments),
+# nspawn itself, or a process in the middle of exec'ing one into the other.
+launcher_alive() {
+	local f=$STATE/hosts/h$1/nspawn.pid p args=()
+	[[ -f $f ]] || return 1
+	{ read -r p <"$f"; } 2>/dev/null || return 1
+	[[ $p =~ ^[0-9]+$ ]] || return 1
+	[[ -n $(proc_state "$p") && $(proc_state "$p") != Z ]] || return 1
+	{ mapfile -d '' args <"/proc/$p/cmdline"; } 2>/dev/null || return 1
+	((${#args[@]} == 0)) && return 0 # exec in progress
+	[[ " ${args[*]} " == *" kpssh-$TAG-h$1 "* || " ${args[*]} " == *" --machine=kpssh-$TAG-h$1 "* ]]
+}
+
+seed_upper() { # I: fresh identity in the host's (empty) upper dir
+	local i=$1 h up
+	h=$(hdir_of "$i")
+	up=$h/upper
+	install -d -m 0755 "$up/etc" "$up/etc/ssh"
+	install -d -m 0700 "$up/root" "$up/root/.ssh"
+	rm -f "$up/etc/ssh/ssh_host_ed25519_key" "$up/etc/ssh/ssh_host_ed25519_key.pub"
+	ssh-keygen -q -t ed25519 -N '' -C "root@h$i" -f "$up/etc/ssh/ssh_host_ed25519_key" >/dev/null
+	od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$up/etc/machine-id"
+	echo >>"$up/etc/machine-id"
+	chmod 0444 "$up/etc/machine-id"
+	echo "h$i" >"$up/etc/hostname"
+	printf '127.0.0.1\tlocalhost\n127.0.1.1\th%s\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\tkpssh-bridge\n' \
+		"$i" "$SUBNET_PREFIX.$SUBNET_K.1" >"$up/etc/hosts"
+	install -m 0600 "$STATE/id_ed25519.pub" "$up/root/.ssh/authorized_keys"
+	# known_hosts of the world: replace this host's entry.
+	local ip kh
+	ip=$(ip_of "$i")
+	kh=$STATE/known_hosts
+	{
+		flock 7
+		awk -v ip="$ip" '$1 != ip' "$kh" >"$kh.tmp"
+		echo "$ip $(cut -d' ' -f1,2 "$up/etc/ssh/ssh_host_ed25519_key.pub")" >>"$kh.tmp"
+		mv "$kh.tmp" "$kh"
+	} 7>"$STATE/.known_hosts.lock"
+}
+
+new_disk() { # I: (re)create the host's writable layer with a new identity
+	local h
+	h=$(hdir_of "$1")
+	rm -rf --one-file-system "$h/upper" "$h/work" "$h/containerd"
+	mkdir -p "$h/upper" "$h/work" "$h/merged" "$h/containerd"
+	chmod 0711 "$h/containerd"
+	seed_upper "$1"
+}
+
+net_up() { # I: netns + veth (fixed MAC) into the bridge, address, on-link route only
+	local i=$1 ns veth ip
+	ns=$(netns_of "$i")
+	veth=$(veth_of "$i")
+	ip=$(ip_of "$i")
+	net_down "$i"
+	ip netns add "$ns"
+	# Two batches (root netns, host netns) instead of a dozen ip processes.
+	ip -batch - <<-EOF
+		link add $veth type veth peer name eth0 address $(mac_of "$i") netns $ns
+		link set $veth master $BRIDGE
+		link set $veth up
+	EOF
+	ip -n "$ns" -batch - <<-EOF
+		link set lo up
+		addr add $ip/24 dev eth0
+		link set eth0 up
+	EOF
+	# A stale neighbour entry (e.g. a previous world's MAC) would blackhole the IP.
+	ip neigh del "$ip" dev "$BRIDGE" 2>/dev/null || true
+	rm -f "$(hdir_of "$i")/cut"
+}
+
+net_down() { # I
+	local ns veth
+	ns=$(netns_of "$1")
+	veth=$(veth_of "$1")
+	if [[ -e /sys/class/net/$veth ]]; then ip link del "$veth" 2>/dev/null || true; fi
+	if [[ -e /run/netns/$ns ]]; then ip netns del "$ns" 2>/dev/null || true; fi
+	return 0
+}
+
+host_cgroups() { # I: prints the host's cgroup dir in every hierarchy
+	local root
+	while IFS= read -r root; do echo "$root/$CG_NAME/h$1"; done < <(cgroup_roots)
+}
+
+start_host() { # I: launch (no wait); requires the disk to exist
+	local i=$1 h machine ns cg root
+	h=$(hdir_of "$i")
+	machine=$(machine_of "$i")
+	ns=$(netns_of "$i")
+	[[ -z $(nspawn_pid "$i") ]] || return 0
+	rm -rf "/run/systemd/nspawn/propagate/$machine"
+	net_up "$i"
+	local cgs=()
+	while IFS= read -r root; do
+		cg=$root/$CG_NAME/h$i
+		mkdir -p "$cg"
+		cpuset_init "$root" "$cg"
+		cgs+=("$cg")
+	done < <(cgroup_roots)
+	rm -f "$h/nspawn.pid" "$h/pid1"
+	umount_under "$h/merged"
+	START_TS[$i]=$EPOCHREALTIME
+	echo "=== start $(date -u +%FT%TZ)" >>"$h/console.log"
+	# The launcher moves itself into the host's cgroups, mounts the overlay in a
+	# private mount namespace (it vanishes with the host) and becomes nspawn.
+	# Arguments are passed positionally: no quoting games.
+	# shellcheck disable=SC2016
+	setsid unshare --mount --propagation private -- bash -c '
+		set -e
+		pidfile=$1 lower=$2 upper=$3 work=$4 merged=$5 machine=$6 ns=$7 cdir=$8
+		shift 8
+		for cg in "$@"; do echo $$ >"$cg/cgroup.procs"; done
+		echo $$ >"$pidfile"
+		mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$merged"
+		exec systemd-nspawn --quiet --boot --directory="$merged" --machine="$machine" \
+			--register=no --keep-unit --network-namespace-path="/run/netns/$ns" \
+			--console=read-only --capability=all --bind=/dev/kmsg \
+			--system-call-filter=@keyring --bind="$cdir:/var/lib/containerd"
+	' kpssh-launch "$h/nspawn.pid" "$ROOTFS" "$h/upper" "$h/work" "$h/merged" "$machine" "$ns" "$h/containerd" \
+		"${cgs[@]}" </dev/null >>"$h/console.log" 2>&1 6>&- 7>&- 8>&- 9>&- &
+	LAUNCH_PID[$i]=$!
+}
+
+ssh_opts() { # world client options shared with test/hostenv
+	echo -F /dev/null -i "$STATE/id_ed25519" -o IdentitiesOnly=yes -o BatchMode=yes \
+		-o StrictHostKeyChecking=yes -o "UserKnownHostsFile=$STATE/known_hosts" \
+		-o GlobalKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout="${1:-2}"
+}
+
+ssh_ok() { # I [timeout]
+	# shellcheck disable=SC2046
+	timeout $((${2:-2} + 3)) ssh $(ssh_opts "${2:-2}") "root@$(ip_of "$1")" true </dev/null >/dev/null 2>&1
+}
+
+# wait_host I: wait until the host answers SSH, then record its PID 1 and
+# check that it lives in the host's own cgroup on every hierarchy.
+wait_host() {
+	local i=$1 h deadline np pid1="" comm="" ip
+	h=$(hdir_of "$i")
+	ip=$(ip_of "$i")
+	deadline=$((SECONDS + SSH_WAIT))
+	while :; do
+		np=$(nspawn_pid "$i")
+		if [[ -z $np ]]; then
+			# the launcher may not have written its pid / exec'ed nspawn yet
+			if { [[ ! -f $h/nspawn.pid && -n ${LAUNCH_PID[$i]:-} && -n $(proc_state "${LAUNCH_PID[$i]}") &&
+				$(proc_state "${LAUNCH_PID[$i]}") != Z ]] || launcher_alive "$i"; } && ((SECONDS < deadline)); then
+				sleep 0.1
+				continue
+			fi
+			host_fail "$i" "h$i: systemd-nspawn exited during boot"
+		fi
+		# Only try ssh once sshd listens in the host's netns (read from
+		# /proc/<pid1>/net/tcp*: no fork, never blocks).
+		# (resolve PID 1 until it is systemd: early on nspawn's child may
+		# still be its intermediate process, outside the host's netns)
+		[[ -n $pid1 && $comm == systemd ]] || {
+			pid1=$(container_pid1 "$i")
+			comm=""
+			[[ -z $pid1 ]] || { read -r comm <"/proc/$pid1/comm"; } 2>/dev/null || true
+		}
+		if [[ $comm == systemd ]] && listens_on_22 "$pid1"; then
+			ssh_ok "$i" 2 && break
+		fi
+		((SECONDS < deadline)) || host_fail "$i" "h$i: sshd not reachable at $ip after ${SSH_WAIT}s"
+		sleep 0.1
+	done
+	pid1=$(container_pid1 "$i")
+	[[ -n $pid1 ]] || host_fail "$i" "h$i: cannot find the container's PID 1 (child of nspawn $np)"
+	check_cgroup "$i" "$pid1"
+	echo "$pid1" >"$h/pid1"
+	if [[ -n ${START_TS[$i]:-} ]]; then
+		log "h$i ($(ip_of "$i")): ssh ready $(awk -v a="${START_TS[$i]}" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')s after launch"
+	fi
+}
+
+# listens_on_22 PID: a TCP socket listens on port 22 in PID's network namespace.
+listens_on_22() {
+	local f _sl laddr _rem st _rest
+	for f in "/proc/$1/net/tcp" "/proc/$1/net/tcp6"; do
+		{
+			while read -r _sl laddr _rem st _rest; do
+				[[ $laddr == *:0016 && $st == 0A ]] && return 0
+			done <"$f"
+		} 2>/dev/null
+	done
+	return 1
+}
+
+# check_cgroup I PID: every line of /proc/PID/cgroup must be inside /kpssh-<tag>/hI.
+check_cgroup() {
+	local i=$1 pid=$2 want line path n=0
+	want=/$CG_NAME/h$i
+	while IFS= read -r line; do
+		path=${line#*:*:}
+		n=$((n + 1))
+		[[ $path == "$want" || $path == "$want/"* ]] ||
+			host_fail "$i" "h$i: PID 1 ($pid) is in cgroup '$line', not under $want"
+	done <"/proc/$pid/cgroup"
+	((n > 0)) || host_fail "$i" "h$i: cannot read /proc/$pid/cgroup"
+}
+
+host_fail() { # I MSG: one-line reason, then the host's console tail
+	local h
+	h=$(hdir_of "$1")
+	echo "hosts.sh: error: $2" >&2
+	if [[ -f $h/console.log ]]; then
+		echo "--- last lines of $h/console.log:" >&2
+		tail -n 30 "$h/console.log" >&2
+	fi
+	exit 1
+}
+
+# kill_host I: SIGKILL the host's PID 1 (its PID namespace dies with it).
+kill_host() {
+	local np pid1
+	np=$(nspawn_pid "$1")
+	[[ -n $np ]] || return 0
+	# Remember nspawn by pid + start time: once it exits its cmdline is empty
+	# but it lingers as a zombie until PID 1 reaps it.
+	KILLED_NSPAWN[$1]="$np:$(proc_start "$np")"
+	pid1=$(container_pid1 "$1")
+	if [[ -n $pid1 ]]; then kill -KILL "$pid1" 2>/dev/null || true; fi
+}
+
+# same_proc PID START: the process PID still exists (maybe as a zombie) and
+# is the one that started at START.
+same_proc() { [[ -n $2 && $(proc_start "$1") == "$2" ]]; }
+
+# reap_host I: after kill_host, wait for nspawn (bounded), kill whatever is
+# left in the host's cgroups, drop them depth-first, then the netns, veth
+# and nspawn leftovers. Keeps the disk.
+reap_host() {
+	local i=$1 h np machine p tries left d
+	h=$(hdir_of "$i")
+	machine=$(machine_of "$i")
+	local rec=${KILLED_NSPAWN[$i]:-} st=""
+	if [[ -z $rec ]]; then
+		np=$(nspawn_pid "$i")
+		[[ -z $np ]] || rec="$np:$(proc_start "$np")"
+	fi
+	if [[ -n $rec ]]; then
+		np=${rec%%:*}
+		st=${rec#*:}
+		# nspawn exits once the container's PID namespace is gone (~0.2 s);
+		# the machine's PID 1 reaps it later (see wait_reaped).
+		for ((tries = 0; tries < 200; tries++)); do
+			same_proc "$np" "$st" && [[ $(proc_state "$np") != Z ]] || break
+			if ((tries == 100)); then
+				log "h$i: nspawn $np did not exit after its PID 1 was killed; killing it"
+				kill -KILL "$np" 2>/dev/null || true
+			fi
+			sleep 0.05
+		done
+		if same_proc "$np" "$st"; then
+			[[ $(proc_state "$np") == Z ]] || log "warning: h$i: nspawn $np still running"
+			ZOMBIES+=("$np:$st")
+		fi
+	fi
+	unset "KILLED_NSPAWN[$i]"
+	# All cgroup dirs of the host, in every hierarchy, children before
+	# parents (reverse lexical order of a recursive glob; no forks).
+	local cgs=() dirs=() all=()
+	mapfile -t cgs < <(host_cgroups "$i")
+	shopt -s globstar nullglob
+	for d in "${cgs[@]}"; do
+		[[ -d $d ]] && all+=("$d"/**/)
+	done
+	shopt -u globstar nullglob
+	for ((d = ${#all[@]} - 1; d >= 0; d--)); do dirs+=("${all[d]%/}"); done
+	# Whatever is still in the host's cgroups was started by this host.
+	local procs=()
+	for ((tries = 0; tries < 100; tries++)); do
+		left=0
+		for d in "${dirs[@]}"; do
+			{ mapfile -t procs <"$d/cgroup.procs"; } 2>/dev/null || continue
+			for p in "${procs[@]}"; do
+				[[ -n $p ]] || continue
+				left=1
+				kill -KILL "$p" 2>/dev/null || true
+			done
+		done
+		((left)) || break
+		sleep 0.05
+	done
+	for ((tries = 0; tries < 100; tries++)); do
+		left=()
+		for d in "${dirs[@]}"; do [[ -d $d ]] && left+=("$d"); done
+		((${#left[@]})) || break
+		rmdir "${left[@]}" 2>/dev/null || true
+		for d in "${left[@]}"; do [[ -d $d ]] && { sleep 0.05; continue 2; }; done
+		break
+	done
+	for d in "${cgs[@]}"; do
+		if [[ -d $d ]]; then log "warning: could not remove cgroup $d"; fi
+	done
+	umount_under "$h/merged"
+	net_down "$i"
+	rm -rf "/run/systemd/nspawn/propagate/$machine" "/run/systemd/nspawn/unix-export/$machine"
+	rm -f "$h/nspawn.pid" "$h/pid1" "$h/cut"
+}
+
+# proc_state PID: the state letter of a process (R, S, D, Z, ...), empty if gone.
+proc_state() {
+	local s a
+	{ read -r s <"/proc/$1/stat"; } 2>/dev/null || return 0
+	s=${s##*) }
+	read -ra a <<<"$s"
+	echo "${a[0]}"
+}
+
+# wait_reaped: wait (bounded) until the exited nspawn processes are reaped
+# by the machine's PID 1, so nothing of the world is left once down returns.
+wait_reaped() {
+	local z tries
+	for z in "${ZOMBIES[@]}"; do
+		for ((tries = 0; tries < 100; tries++)); do
+			same_proc "${z%%:*}" "${z#*:}" || break
+			sleep 0.05
+		done
+		same_proc "${z%%:*}" "${z#*:}" && log "warning: exited nspawn ${z%%:*} not reaped by PID 1 yet"
+	done
+	ZOMBIES=()
+}
+
+# stop_hosts I...: stop hosts (in parallel: kill all, then reap each).
+stop_hosts() {
+	local i
+	for i in "$@"; do kill_host "$i"; done
+	for i in "$@"; do reap_host "$i"; done
+}
+
+# ------------------------------------------------------------ commands --
+
+lock_world() { # hold the world's lock until exit (fd 6; never passed to hosts)
+	mkdir -p "$STATE"
+	exec 6>"$STATE/.lock"
+	flock 6
+}
+
+CREATED_WORLD=0
+declare -A START_TS=()
+declare -A KILLED_NSPAWN=()
+declare -A LAUNCH_PID=()
+ZOMBIES=()
+CREATED_HOSTS=()
+STARTED_HOSTS=()
+
+up_cleanup() {
+	local rc=$? i
+	trap - EXIT
+	if ((rc != 0)); then
+		# (silent: the reason was already printed as one line)
+		if ((CREATED_WORLD)); then
+			down_world >/dev/null 2>&1 || true
+		else
+			stop_hosts "${STARTED_HOSTS[@]}" >/dev/null 2>&1 || true
+			for i in "${CREATED_HOSTS[@]}"; do rm -rf --one-file-system "$(hdir_of "$i")"; done
+		fi
+	fi
+	exit "$rc"
+}
+
+cmd_up() {
+	local n=${1:-}
+	[[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= MAX_HOSTS)) || die "usage: hosts.sh up N (1..$MAX_HOSTS)"
+	preflight
+	[[ -d $STATE ]] || CREATED_WORLD=1
+	trap up_cleanup EXIT
+	trap 'exit 130' INT TERM
+	lock_world
+	create_world
+	local i pending=()
+	for ((i = 1; i <= n; i++)); do
+		if host_exists "$i" && [[ -n $(nspawn_pid "$i") ]]; then
+			[[ -f $(hdir_of "$i")/cut ]] && continue # deliberately cut: leave it alone
+			ssh_ok "$i" 2 && [[ -f $(hdir_of "$i")/pid1 ]] && continue
+			log "h$i: running but not answering SSH; restarting it"
+			stop_hosts "$i"
+		fi
+		if ! host_exists "$i"; then
+			CREATED_HOSTS+=("$i")
+			mkdir -p "$(hdir_of "$i")"
+			new_disk "$i"
+			echo "INDEX=$i" >"$(hdir_of "$i")/host.env"
+		fi
+		STARTED_HOSTS+=("$i")
+		start_host "$i"
+		pending+=("$i")
+	done
+	for i in "${pending[@]}"; do wait_host "$i"; done
+	trap - EXIT
+}
+
+down_world() {
+	local d i root all=()
+	if [[ -d $STATE/hosts ]]; then
+		for d in "$STATE"/hosts/h*; do
+			[[ -d $d ]] || continue
+			i=${d##*/h}
+			[[ $i =~ ^[0-9]+$ ]] && all+=("$i")
+		done
+	fi
+	# Sweep by name too: covers a partial up or lost state.
+	local ns
+	for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^kpssh-${TAG}-h[0-9]*$" || true); do
+		i=${ns##*-h}
+		[[ " ${all[*]} " == *" $i "* ]] || all+=("$i")
+	done
+	((${#all[@]} == 0)) || stop_hosts "${all[@]}"
+	for d in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^kpv${TAG}[0-9]*$" || true); do
+		ip link del "$d" 2>/dev/null || true
+	done
+	ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
+	while IFS= read -r root; do
+		[[ -d $root/$CG_NAME ]] || continue
+		for d in "$root/$CG_NAME"/h*/; do
+			[[ -d $d ]] || continue
+			i=${d%/}
+			i=${i##*/h}
+			[[ $i =~ ^[0-9]+$ ]] && stop_hosts "$i"
+		done
+		find "$root/$CG_NAME" -depth -type d -exec rmdir {} + 2>/dev/null || true
+		[[ -d $root/$CG_NAME ]] && log "warning: could not remove cgroup $root/$CG_NAME"
+	done < <(cgroup_roots)
+	wait_reaped
+	umount_under "$STATE"
+	# Releasing the subnet = removing world.env, under the allocation lock.
+	if [[ -d $RUN_BASE ]]; then
+		{
+			flock 8
+			rm -rf --one-file-system "$STATE"
+		} 8>"$RUN_BASE/.lock"
+	fi
+	return 0
+}
+
+cmd_down() {
+	need_root
+	preflight_soft
+	if [[ -d $STATE ]]; then
+		lock_world
+		load_world || true
+	fi
+	down_world
+}
+
+preflight_soft() { # what down/status need; never fails on missing nspawn
+	need_cmd ip iproute2
+	need_cmd pgrep procps
+	need_cmd flock util-linux
+}
+
+need_host() { # I
+	local i=${1:-}
+	[[ $i =~ ^[0-9]+$ ]] || die "usage: hosts.sh $CMD I (host index)"
+	load_world || die "world '$WORLD' is not up"
+	host_exists "$i" || die "world '$WORLD' has no host h$i"
+}
+
+cmd_reboot() {
+	preflight
+	need_host "$@"
+	lock_world
+	stop_hosts "$1"
+	start_host "$1"
+	wait_host "$1"
+}
+
+cmd_wipe() {
+	preflight
+	need_host "$@"
+	lock_world
+	stop_hosts "$1"
+	new_disk "$1"
+	start_host "$1"
+	wait_host "$1"
+}
+
+cmd_cut() {
+	need_root
+	need_host "$@"
+	[[ -n $(nspawn_pid "$1") ]] || die "h$1 is not running"
+	ip link set "$(veth_of "$1")" down
+	touch "$(hdir_of "$1")/cut"
+}
+
+cmd_heal() {
+	need_root
+	need_host "$@"
+	[[ -n $(nspawn_pid "$1") ]] || die "h$1 is not running"
+	ip link set "$(veth_of "$1")" up
+	rm -f "$(hdir_of "$1")/cut"
+}
+
+# Inventory values need no JSON escaping: world names are [A-Za-z0-9_.-],
+# paths are built from them, keys are base64.
+cmd_inventory() {
+	load_world || die "world '$WORLD' is not up"
+	local d i first=1 pub fp pid1 cut
+	printf '{"world":"%s","tag":"%s","stateDir":"%s","bridge":"%s","bridgeAddress":"%s","clientKey":"%s","knownHosts":"%s","cgroup":"%s","hosts":[' \
+		"$WORLD" "$TAG" "$STATE" "$BRIDGE" "$SUBNET_PREFIX.$SUBNET_K.1" "$STATE/id_ed25519" "$STATE/known_hosts" "/$CG_NAME"
+	for i in $(host_indices); do
+		d=$STATE/hosts/h$i
+		pub="" fp="" pid1=0 cut=false
+		{ read -r pub <"$d/upper/etc/ssh/ssh_host_ed25519_key.pub"; } 2>/dev/null || true
+		pub=${pub% *} # drop the comment
+		fp=$(ssh-keygen -lf "$d/upper/etc/ssh/ssh_host_ed25519_key.pub" 2>/dev/null | awk '{print $2}' || true)
+		if [[ -f $d/pid1 && -n $(nspawn_pid "$i") ]]; then read -r pid1 <"$d/pid1"; fi
+		[[ -f $d/cut ]] && cut=true
+		((first)) || printf ','
+		first=0
+		printf '{"name":"h%s","index":%d,"machine":"kpssh-%s-h%s","address":"%s","port":22,"user":"root","hostKey":"%s","fingerprint":"%s","netns":"kpssh-%s-h%s","veth":"kpv%s%s","mac":"%s","cgroup":"/%s/h%s","pid":%d,"cut":%s}' \
+			"$i" "$i" "$TAG" "$i" "$SUBNET_PREFIX.$SUBNET_K.$((HOST_OFFSET + i))" "$pub" "$fp" "$TAG" "$i" "$TAG" "$i" \
+			"$(mac_of "$i")" "$CG_NAME" "$i" "$pid1" "$cut"
+	done
+	printf ']}\n'
+}
+
+cmd_status() {
+	if ! load_world; then
+		echo "world '$WORLD': down"
+		return 0
+	fi
+	echo "world '$WORLD' tag=$TAG bridge=$BRIDGE $SUBNET_PREFIX.$SUBNET_K.1/24 state=$STATE"
+	local d i st
+	for i in $(host_indices); do
+		d=$(hdir_of "$i")
+		host_exists "$i" || continue
+		if [[ -z $(nspawn_pid "$i") ]]; then
+			st=stopped
+		elif [[ -f $d/cut ]]; then
+			st="running, cut"
+		elif ssh_ok "$i" 2; then
+			st="running, ssh ok"
+		else
+			st="running, ssh FAILING"
+		fi
+		printf '  h%-3s %-15s %-24s nspawn=%-7s pid1=%-7s %s\n' "$i" "$(ip_of "$i")" "$(machine_of "$i")" \
+			"$(nspawn_pid "$i")" "$(cat "$d/pid1" 2>/dev/null || true)" "$st"
+	done
+}
+
+cmd_gc() { # down every world whose recorded owner process is gone
+	need_root
+	local f w op os
+	for f in "$RUN_BASE"/*/world.env; do
+		[[ -f $f ]] || continue
+		w=$(sed -n 's/^WORLD=//p' "$f")
+		op=$(sed -n 's/^OWNER_PID=//p' "$f")
+		os=$(sed -n 's/^OWNER_START=//p' "$f")
+		[[ -n $op ]] || continue
+		if [[ -d /proc/$op && $(proc_start "$op") == "$os" ]]; then continue; fi
+		log "world '$w': owner $op is gone; tearing it down"
+		KPSSH_WORLD=$w bash "${BASH_SOURCE[0]}" down || true
+	done
+}
+
+CMD=${1:-}
+shift || true
+case $CMD in
+up) cmd_up "$@" ;;
+down) cmd_down ;;
+reboot) cmd_reboot "$@" ;;
+wipe) cmd_wipe "$@" ;;
+cut) cmd_cut "$@" ;;
+heal) cmd_heal "$@" ;;
+inventory) cmd_inventory ;;
+status) cmd_status ;;
+gc) cmd_gc ;;
+*)
+	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+	exit 2
+	;;
+esac

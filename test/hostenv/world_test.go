@@ -1,0 +1,848 @@
+package hostenv_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dklesev/kpssh/test/hostenv"
+)
+
+// Machine-wide sysctls that must never change: the six the kubelet insists
+// on (shadowed inside each host) and IP forwarding.
+var guardedSysctls = []string{
+	"vm.overcommit_memory",
+	"vm.panic_on_oom",
+	"kernel.panic",
+	"kernel.panic_on_oops",
+	"kernel.keys.root_maxkeys",
+	"kernel.keys.root_maxbytes",
+	"net.ipv4.ip_forward",
+}
+
+// The values every host must see (hack/host-image/rootfs/etc/kpssh/sysctl-shadow.conf).
+var shadowedSysctls = map[string]string{
+	"vm.overcommit_memory":      "1",
+	"vm.panic_on_oom":           "0",
+	"kernel.panic":              "10",
+	"kernel.panic_on_oops":      "1",
+	"kernel.keys.root_maxkeys":  "1000000",
+	"kernel.keys.root_maxbytes": "25000000",
+}
+
+func TestWorld(t *testing.T) {
+	t.Parallel()
+	before := snapshotMachine(t)
+
+	w := hostenv.Up(t, 3)
+	inv := w.Inventory()
+	hosts := w.Hosts()
+	if len(hosts) != 3 {
+		t.Fatalf("got %d hosts, want 3", len(hosts))
+	}
+
+	t.Run("inventory", func(t *testing.T) {
+		w := w.WithT(t)
+		if inv.World != w.Name() {
+			t.Errorf("inventory world %q, want %q", inv.World, w.Name())
+		}
+		if net.ParseIP(inv.BridgeAddress) == nil || !strings.HasSuffix(inv.BridgeAddress, ".1") {
+			t.Errorf("bridgeAddress %q, want x.y.z.1", inv.BridgeAddress)
+		}
+		if fi, err := os.Stat(inv.ClientKey); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("client key %s: %v (mode %v), want mode 0600", inv.ClientKey, err, fi.Mode().Perm())
+		}
+		prefix := strings.TrimSuffix(inv.BridgeAddress, "1")
+		for i, h := range hosts {
+			if want := fmt.Sprintf("h%d", i+1); h.Name != want {
+				t.Errorf("host %d name %q, want %q", i, h.Name, want)
+			}
+			if want := prefix + strconv.Itoa(11+i); h.Address != want {
+				t.Errorf("%s address %q, want %q", h.Name, h.Address, want)
+			}
+			if h.Port != 22 || h.User != "root" {
+				t.Errorf("%s port/user %d/%q, want 22/root", h.Name, h.Port, h.User)
+			}
+			if h.PID <= 1 {
+				t.Errorf("%s pid %d", h.Name, h.PID)
+			}
+			if got := fingerprint(t, h.HostKey); got != h.Fingerprint {
+				t.Errorf("%s fingerprint %q, computed %q from hostKey", h.Name, h.Fingerprint, got)
+			}
+			if _, err := os.Stat("/run/netns/" + h.Netns); err != nil {
+				t.Errorf("%s netns: %v", h.Name, err)
+			}
+		}
+	})
+
+	t.Run("distinct identities", func(t *testing.T) {
+		w := w.WithT(t)
+		probes := []struct {
+			what string
+			cmd  string
+			want func(h hostenv.Host, got string) error
+		}{
+			{"hostname", "hostname", func(h hostenv.Host, got string) error {
+				if got != h.Name {
+					return fmt.Errorf("hostname %q, want %q", got, h.Name)
+				}
+				return nil
+			}},
+			{"machine-id", "cat /etc/machine-id", func(_ hostenv.Host, got string) error {
+				if !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(got) {
+					return fmt.Errorf("machine-id %q is not 32 hex chars", got)
+				}
+				return nil
+			}},
+			{"host key", "cut -d' ' -f1,2 /etc/ssh/ssh_host_ed25519_key.pub", func(h hostenv.Host, got string) error {
+				if got != h.HostKey {
+					return fmt.Errorf("host key %q, inventory says %q", got, h.HostKey)
+				}
+				return nil
+			}},
+			{"boot id", "cat /proc/sys/kernel/random/boot_id", func(hostenv.Host, string) error { return nil }},
+		}
+		for _, p := range probes {
+			t.Run(p.what, func(t *testing.T) {
+				w := w.WithT(t)
+				seen := map[string]string{}
+				for i, h := range hosts {
+					got := w.MustRun(i, p.cmd)
+					if err := p.want(h, got); err != nil {
+						t.Errorf("%s: %v", h.Name, err)
+					}
+					if other, dup := seen[got]; dup {
+						t.Errorf("%s and %s share %s %q", other, h.Name, p.what, got)
+					}
+					seen[got] = h.Name
+				}
+			})
+		}
+	})
+
+	t.Run("strict host key checking", func(t *testing.T) {
+		w := w.WithT(t)
+		// known_hosts claiming h1's address has h2's key must be refused.
+		kh := filepath.Join(t.TempDir(), "known_hosts")
+		if err := os.WriteFile(kh, []byte(hosts[0].Address+" "+hosts[1].HostKey+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, stderr, err := w.RunSSH(ctx, 0, []string{"-o", "UserKnownHostsFile=" + kh}, "true")
+		if err == nil {
+			t.Fatalf("ssh to h1 with h2's key in known_hosts succeeded")
+		}
+		if !strings.Contains(stderr, "verification failed") && !strings.Contains(stderr, "IDENTIFICATION HAS CHANGED") {
+			t.Errorf("ssh failed for another reason: %s", stderr)
+		}
+	})
+
+	t.Run("cgroups", func(t *testing.T) {
+		w := w.WithT(t)
+		lines := len(readLines(t, "/proc/self/cgroup"))
+		for _, h := range hosts {
+			got := readLines(t, fmt.Sprintf("/proc/%d/cgroup", h.PID))
+			if len(got) != lines {
+				t.Errorf("%s: /proc/%d/cgroup has %d lines, machine has %d", h.Name, h.PID, len(got), lines)
+			}
+			for _, l := range got {
+				path := cgroupPath(l)
+				if path != h.Cgroup && !strings.HasPrefix(path, h.Cgroup+"/") {
+					t.Errorf("%s: PID 1 (%d) cgroup line %q is not under %s", h.Name, h.PID, l, h.Cgroup)
+				}
+			}
+			for _, root := range cgroupRoots(t) {
+				if fi, err := os.Stat(filepath.Join(root, h.Cgroup)); err != nil || !fi.IsDir() {
+					t.Errorf("%s: no cgroup dir in %s: %v", h.Name, root, err)
+				}
+			}
+		}
+		// Inside, the cgroup namespace hides the machine's tree.
+		if out := w.MustRun(0, "cat /proc/1/cgroup"); strings.Contains(out, "kpssh") {
+			t.Errorf("h1 sees machine cgroup paths:\n%s", out)
+		}
+	})
+
+	t.Run("cgroups writable inside and confined", func(t *testing.T) {
+		w := w.WithT(t)
+		// kpssh-cgroup-rw.service made the namespaced controller mounts
+		// writable: a cgroup made inside h1 must land under h1's cgroup.
+		probe := "kpssh-probe-" + strconv.Itoa(os.Getpid())
+		out := w.MustRun(0, `set -e; for d in /sys/fs/cgroup/*/; do mkdir "${d}`+probe+`"; echo "${d%/}"; done`)
+		dirs := strings.Fields(out)
+		if len(dirs) < len(cgroupRoots(t)) {
+			t.Errorf("h1 has %d cgroup hierarchies (%v), machine has %d", len(dirs), dirs, len(cgroupRoots(t)))
+		}
+		for _, root := range cgroupRoots(t) {
+			// nspawn roots the name=systemd / unified namespaces one level
+			// down (<host>/payload); v1 controllers at the host's cgroup.
+			found, _ := filepath.Glob(filepath.Join(root, hosts[0].Cgroup, probe))
+			deeper, _ := filepath.Glob(filepath.Join(root, hosts[0].Cgroup, "*", probe))
+			if len(found)+len(deeper) != 1 {
+				t.Errorf("cgroup made in h1 not found once under its own cgroup in %s: %v %v", root, found, deeper)
+			}
+			if _, err := os.Stat(filepath.Join(root, probe)); err == nil {
+				t.Errorf("cgroup made in h1 appeared at the machine's root of %s", root)
+			}
+		}
+		w.MustRun(0, `for d in /sys/fs/cgroup/*/; do rmdir "${d}`+probe+`"; done`)
+	})
+
+	t.Run("sysctl shadow", func(t *testing.T) {
+		w := w.WithT(t)
+		// kpssh-sysctl-shadow.service: hosts see the kubelet's values, writing
+		// them (as the kubelet does) must not reach the machine.
+		for key, want := range shadowedSysctls {
+			path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+			got := w.MustRun(1, "cat "+path+" && echo "+want+" > "+path+" && cat "+path)
+			if got != want+"\n"+want {
+				t.Errorf("h2 %s: read/write/read gave %q, want %s twice", key, got, want)
+			}
+			if m := sysctl(t, key); m != before.sysctls[key] {
+				t.Errorf("machine %s changed to %q (was %q)", key, m, before.sysctls[key])
+			}
+		}
+	})
+
+	t.Run("network", func(t *testing.T) {
+		w := w.WithT(t)
+		for i, h := range hosts {
+			if out := w.MustRun(i, "ip -4 route show default"); out != "" {
+				t.Errorf("%s has a default route: %q", h.Name, out)
+			}
+			if got := w.MustRun(i, "ip -br link show eth0 | awk '{print $3}'"); got != h.MAC {
+				t.Errorf("%s eth0 MAC %q, want %q", h.Name, got, h.MAC)
+			}
+			// sysfs shows the host's own links only (kpssh-sysfs-net.service)
+			if got := w.MustRun(i, "ls /sys/class/net | xargs; cat /sys/class/net/eth0/address"); got != "eth0 lo\n"+h.MAC {
+				t.Errorf("%s /sys/class/net: %q, want only eth0 lo and eth0 at %s", h.Name, got, h.MAC)
+			}
+		}
+		// Hosts reach the bridge address (where an apiserver will listen)...
+		ln, err := net.Listen("tcp", inv.BridgeAddress+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				_, _ = c.Write([]byte("kpssh-bridge-ok\n"))
+				_ = c.Close()
+			}
+		}()
+		port := ln.Addr().(*net.TCPAddr).Port
+		for i, h := range hosts {
+			got := w.MustRun(i, fmt.Sprintf(`python3 -c 'import socket; s=socket.create_connection(("%s", %d), 5); print(s.recv(64).decode().strip())'`, inv.BridgeAddress, port))
+			if got != "kpssh-bridge-ok" {
+				t.Errorf("%s -> bridge %s:%d: got %q", h.Name, inv.BridgeAddress, port, got)
+			}
+		}
+		// ... and each other.
+		got := w.MustRun(0, fmt.Sprintf(`python3 -c 'import socket; s=socket.create_connection(("%s", 22), 5); print(s.recv(64).decode().split("-")[0])'`, hosts[2].Address))
+		if got != "SSH" {
+			t.Errorf("h1 -> h3:22 got %q, want an SSH banner", got)
+		}
+	})
+
+	marker := "/root/kpssh-marker-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Run("filesystems are separate", func(t *testing.T) {
+		w := w.WithT(t)
+		w.MustRun(0, "echo hello > "+marker+" && sync")
+		for i := range hosts {
+			out, _, err := w.Run(i, "cat "+marker+" 2>/dev/null || echo absent")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := "absent"
+			if i == 0 {
+				want = "hello"
+			}
+			if strings.TrimSpace(out) != want {
+				t.Errorf("%s: %s reads %q, want %q", hosts[i].Name, marker, strings.TrimSpace(out), want)
+			}
+		}
+	})
+
+	const enabledUnit, startedUnit = "kpssh-dummy.service", "kpssh-started.service"
+	t.Run("units are separate", func(t *testing.T) {
+		w := w.WithT(t)
+		w.MustRun(0, `set -e
+for u in `+enabledUnit+` `+startedUnit+`; do
+cat > /etc/systemd/system/$u <<EOF
+[Unit]
+Description=kpssh test unit $u
+[Service]
+ExecStart=/bin/sleep infinity
+[Install]
+WantedBy=multi-user.target
+EOF
+done
+systemctl daemon-reload
+systemctl enable --now `+enabledUnit+`
+systemctl start `+startedUnit)
+		wantActive := map[int]string{0: "active"}
+		for i, h := range hosts {
+			want := wantActive[i]
+			if want == "" {
+				want = "inactive"
+			}
+			for _, u := range []string{enabledUnit, startedUnit} {
+				if got := unitState(t, w, i, u); got != want {
+					t.Errorf("%s: %s is %q, want %q", h.Name, u, got, want)
+				}
+			}
+			procs := w.MustRun(i, "pgrep -xc sleep || true")
+			if wantN := map[bool]string{true: "2", false: "0"}[i == 0]; procs != wantN {
+				t.Errorf("%s runs %s sleep processes, want %s", h.Name, procs, wantN)
+			}
+		}
+		if got := w.MustRun(0, "systemctl is-enabled "+enabledUnit+" "+startedUnit+" || true"); got != "enabled\ndisabled" {
+			t.Errorf("h1 is-enabled: %q", got)
+		}
+	})
+
+	t.Run("reboot keeps the disk", func(t *testing.T) {
+		w := w.WithT(t)
+		old := hosts[0]
+		oldID := w.MustRun(0, "cat /etc/machine-id")
+		oldBoot := w.MustRun(0, "cat /proc/sys/kernel/random/boot_id")
+		start := time.Now()
+		w.Reboot(0)
+		t.Logf("reboot h1: %v", time.Since(start).Round(time.Millisecond))
+		now := w.Host(0)
+		if now.PID == old.PID || now.PID <= 1 {
+			t.Errorf("PID 1 after reboot %d (before %d)", now.PID, old.PID)
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", old.PID)); err == nil && processIsOurs(old.PID, old.Machine) {
+			t.Errorf("old PID 1 %d still alive", old.PID)
+		}
+		if now.HostKey != old.HostKey {
+			t.Errorf("host key changed across reboot")
+		}
+		if got := w.MustRun(0, "cat /etc/machine-id"); got != oldID {
+			t.Errorf("machine-id changed across reboot: %q -> %q", oldID, got)
+		}
+		if got := w.MustRun(0, "cat /proc/sys/kernel/random/boot_id"); got == oldBoot {
+			t.Errorf("boot id unchanged: no reboot happened")
+		}
+		if got := w.MustRun(0, "cat "+marker); got != "hello" {
+			t.Errorf("marker after reboot: %q", got)
+		}
+		// enabled unit comes back (maybe still starting), started-only does not.
+		waitFor(t, 20*time.Second, func() error {
+			if s := unitState(t, w, 0, enabledUnit); s != "active" {
+				return fmt.Errorf("%s is %q after reboot, want active", enabledUnit, s)
+			}
+			return nil
+		})
+		if s := unitState(t, w, 0, startedUnit); s != "inactive" {
+			t.Errorf("%s is %q after reboot, want inactive", startedUnit, s)
+		}
+		checkCgroup(t, w.Host(0))
+	})
+
+	t.Run("wipe gives a new machine", func(t *testing.T) {
+		w := w.WithT(t)
+		old := w.Host(0)
+		oldID := w.MustRun(0, "cat /etc/machine-id")
+		w.Wipe(0)
+		now := w.Host(0)
+		if now.HostKey == old.HostKey || now.Fingerprint == old.Fingerprint {
+			t.Errorf("host key unchanged by wipe")
+		}
+		if got := w.MustRun(0, "cut -d' ' -f1,2 /etc/ssh/ssh_host_ed25519_key.pub"); got != now.HostKey {
+			t.Errorf("h1 serves key %q, inventory says %q", got, now.HostKey)
+		}
+		if got := w.MustRun(0, "cat /etc/machine-id"); got == oldID {
+			t.Errorf("machine-id unchanged by wipe: %s", got)
+		}
+		if got := w.MustRun(0, "test -e "+marker+" && echo present || echo absent"); got != "absent" {
+			t.Errorf("marker after wipe: %s", got)
+		}
+		if got := unitState(t, w, 0, enabledUnit); got != "inactive" {
+			t.Errorf("%s after wipe: %q", enabledUnit, got)
+		}
+		if got := w.MustRun(0, "hostname"); got != "h1" {
+			t.Errorf("hostname after wipe %q", got)
+		}
+		checkCgroup(t, now)
+	})
+
+	t.Run("cut and heal", func(t *testing.T) {
+		w := w.WithT(t)
+		w.Cut(1)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, _, err := w.RunSSH(ctx, 1, []string{"-o", "ConnectTimeout=3"}, "true")
+		if err == nil {
+			t.Errorf("ssh to cut h2 succeeded")
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("ssh to cut h2 took %v, want bounded by ConnectTimeout=3", d)
+		}
+		if !w.Host(1).Cut {
+			t.Errorf("inventory does not mark h2 cut")
+		}
+		w.MustRun(2, "true") // others unaffected
+		w.Heal(1)
+		waitFor(t, 15*time.Second, func() error {
+			_, _, err := w.RunSSH(context.Background(), 1, []string{"-o", "ConnectTimeout=3"}, "true")
+			return err
+		})
+	})
+
+	t.Run("up is idempotent and adds hosts", func(t *testing.T) {
+		w := w.WithT(t)
+		pids := map[string]int{}
+		for _, h := range w.Hosts() {
+			pids[h.Name] = h.PID
+		}
+		w.Scale(3)
+		for _, h := range w.Hosts() {
+			if h.PID != pids[h.Name] {
+				t.Errorf("up 3 on a healthy world restarted %s (pid %d -> %d)", h.Name, pids[h.Name], h.PID)
+			}
+		}
+		w.Scale(4)
+		if n := len(w.Hosts()); n != 4 {
+			t.Fatalf("after up 4: %d hosts", n)
+		}
+		for _, h := range w.Hosts()[:3] {
+			if h.PID != pids[h.Name] {
+				t.Errorf("up 4 restarted %s", h.Name)
+			}
+		}
+		if got := w.MustRun(3, "hostname"); got != "h4" {
+			t.Errorf("h4 hostname %q", got)
+		}
+		checkCgroup(t, w.Host(3))
+	})
+
+	// Tear down explicitly and check nothing of the world is left.
+	final := w.Inventory()
+	if err := w.Down(); err != nil {
+		t.Fatalf("down: %v", err)
+	}
+	t.Run("down leaves nothing", func(t *testing.T) {
+		w := w.WithT(t)
+		assertWorldGone(t, final)
+		after := snapshotMachine(t)
+		for _, k := range guardedSysctls {
+			if before.sysctls[k] != after.sysctls[k] {
+				t.Errorf("sysctl %s: %q before, %q after", k, before.sysctls[k], after.sysctls[k])
+			}
+		}
+		for root, b := range before.rootCgroups {
+			a := after.rootCgroups[root]
+			if strings.Join(withoutOtherWorlds(b, final.Tag), " ") != strings.Join(withoutOtherWorlds(a, final.Tag), " ") {
+				t.Errorf("root cgroups of %s changed:\nbefore %v\nafter  %v", root, b, a)
+			}
+		}
+		if err := w.Down(); err != nil {
+			t.Errorf("second down: %v", err)
+		}
+	})
+}
+
+// TestDownIdempotent: down of a world that never existed, and twice, succeeds.
+func TestDownIdempotent(t *testing.T) {
+	mustPrereqs(t)
+	name := fmt.Sprintf("never-up-%d", os.Getpid())
+	for i := 0; i < 2; i++ {
+		out, err := hostsCmd(t, name, "down").CombinedOutput()
+		if err != nil {
+			t.Fatalf("down #%d: %v\n%s", i+1, err, out)
+		}
+	}
+	if _, err := os.Stat("/run/kpssh-world/" + name); !os.IsNotExist(err) {
+		t.Errorf("down left a state dir: %v", err)
+	}
+}
+
+// TestClearErrors: failures are one clear line, not a shell trace.
+func TestClearErrors(t *testing.T) {
+	mustPrereqs(t)
+	t.Run("missing systemd-nspawn names the package", func(t *testing.T) {
+		// A PATH with everything from /usr/bin and /bin except systemd-nspawn.
+		dir := t.TempDir()
+		for _, src := range []string{"/usr/bin", "/bin"} {
+			ents, err := os.ReadDir(src)
+			if err != nil {
+				continue
+			}
+			for _, e := range ents {
+				if e.Name() == "systemd-nspawn" {
+					continue
+				}
+				_ = os.Symlink(filepath.Join(src, e.Name()), filepath.Join(dir, e.Name()))
+			}
+		}
+		name := fmt.Sprintf("nonspawn-%d", os.Getpid())
+		c := hostsCmd(t, name, "up", "1")
+		c.Env = append(c.Env, "PATH="+dir)
+		out, err := c.CombinedOutput()
+		if err == nil {
+			t.Fatalf("up without systemd-nspawn succeeded:\n%s", out)
+		}
+		if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "systemd-container") {
+			t.Errorf("want one line naming package systemd-container, got:\n%s", out)
+		}
+		if _, err := os.Stat("/run/kpssh-world/" + name); !os.IsNotExist(err) {
+			t.Errorf("failed up left a state dir: %v", err)
+		}
+	})
+	t.Run("not root says so", func(t *testing.T) {
+		setpriv, err := exec.LookPath("setpriv")
+		if err != nil {
+			t.Fatalf("setpriv (util-linux) missing: %v", err)
+		}
+		script := hostsScript(t)
+		c := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "bash", script, "up", "1")
+		c.Env = []string{"PATH=/usr/bin:/bin", "KPSSH_WORLD=notroot"}
+		out, err := c.CombinedOutput()
+		if err == nil {
+			t.Fatalf("up as nobody succeeded:\n%s", out)
+		}
+		if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "root") {
+			t.Errorf("want one line saying root is needed, got:\n%s", out)
+		}
+	})
+	t.Run("bad world name", func(t *testing.T) {
+		out, err := hostsCmd(t, "bad/name", "up", "1").CombinedOutput()
+		if err == nil || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
+			t.Errorf("want a one-line failure, got err=%v:\n%s", err, out)
+		}
+	})
+}
+
+func TestPrerequisiteMessages(t *testing.T) {
+	// Missing tools fail with the Debian package to install.
+	err := hostenv.CheckPrerequisitesWith(1000, func(cmd string) (string, error) {
+		if cmd == "systemd-nspawn" || cmd == "debootstrap" {
+			return "", errors.New("not found")
+		}
+		return "/usr/bin/" + cmd, nil
+	})
+	if err == nil {
+		t.Fatal("no error for missing tools and non-root")
+	}
+	for _, want := range []string{"root", "apt-get install systemd-container", "apt-get install debootstrap"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if err := hostenv.CheckPrerequisitesWith(0, func(cmd string) (string, error) { return "/x/" + cmd, nil }); err != nil {
+		t.Errorf("all present: %v", err)
+	}
+}
+
+// ---------------------------------------------------------------- helpers --
+
+type machineState struct {
+	sysctls     map[string]string
+	rootCgroups map[string][]string
+}
+
+func snapshotMachine(t *testing.T) machineState {
+	t.Helper()
+	s := machineState{sysctls: map[string]string{}, rootCgroups: map[string][]string{}}
+	for _, k := range guardedSysctls {
+		s.sysctls[k] = sysctl(t, k)
+	}
+	for _, root := range cgroupRoots(t) {
+		ents, err := os.ReadDir(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dirs []string
+		for _, e := range ents {
+			if e.IsDir() {
+				dirs = append(dirs, e.Name())
+			}
+		}
+		sort.Strings(dirs)
+		s.rootCgroups[root] = dirs
+	}
+	return s
+}
+
+// withoutOtherWorlds drops cgroup dirs of other worlds (tests run in parallel).
+func withoutOtherWorlds(dirs []string, tag string) []string {
+	var out []string
+	for _, d := range dirs {
+		if strings.HasPrefix(d, "kpssh-") && d != "kpssh-"+tag {
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func sysctl(t *testing.T, key string) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/" + strings.ReplaceAll(key, ".", "/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func cgroupRoots(t *testing.T) []string {
+	t.Helper()
+	var roots []string
+	for _, l := range readLines(t, "/proc/self/mounts") {
+		f := strings.Fields(l)
+		if len(f) > 2 && (f[2] == "cgroup" || f[2] == "cgroup2") {
+			roots = append(roots, f[1])
+		}
+	}
+	if len(roots) == 0 {
+		t.Fatal("no cgroup hierarchies mounted")
+	}
+	sort.Strings(roots)
+	return roots
+}
+
+func readLines(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+func cgroupPath(line string) string {
+	parts := strings.SplitN(line, ":", 3)
+	if len(parts) != 3 {
+		return ""
+	}
+	return parts[2]
+}
+
+func checkCgroup(t *testing.T, h hostenv.Host) {
+	t.Helper()
+	for _, l := range readLines(t, fmt.Sprintf("/proc/%d/cgroup", h.PID)) {
+		if p := cgroupPath(l); p != h.Cgroup && !strings.HasPrefix(p, h.Cgroup+"/") {
+			t.Errorf("%s: PID 1 cgroup line %q not under %s", h.Name, l, h.Cgroup)
+		}
+	}
+}
+
+// fingerprint computes "SHA256:<base64 without padding>" of an OpenSSH public key.
+func fingerprint(t *testing.T, pub string) string {
+	t.Helper()
+	f := strings.Fields(pub)
+	if len(f) < 2 {
+		t.Fatalf("bad public key %q", pub)
+	}
+	blob, err := base64.StdEncoding.DecodeString(f[1])
+	if err != nil {
+		t.Fatalf("bad public key %q: %v", pub, err)
+	}
+	sum := sha256.Sum256(blob)
+	return "SHA256:" + base64.RawStdEncoding.EncodeToString(sum[:])
+}
+
+func unitState(t *testing.T, w *hostenv.World, i int, unit string) string {
+	t.Helper()
+	out, _, err := w.Run(i, "systemctl is-active "+unit+" || true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(out)
+}
+
+func waitFor(t *testing.T, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", d, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func processIsOurs(pid int, machine string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	return err == nil && strings.Contains(string(b), "/kpssh-") && strings.Contains(machine, "kpssh-")
+}
+
+// assertWorldGone checks that no netns, cgroup, link, mount, process or
+// state of the world is left on the machine.
+func assertWorldGone(t *testing.T, inv hostenv.Inventory) {
+	t.Helper()
+	if inv.Tag == "" {
+		t.Fatal("inventory has no tag")
+	}
+	// netns
+	if ents, err := os.ReadDir("/run/netns"); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "kpssh-"+inv.Tag) {
+				t.Errorf("netns %s left", e.Name())
+			}
+		}
+	}
+	out, _ := exec.Command("ip", "netns", "list").Output()
+	if strings.Contains(string(out), "kpssh-"+inv.Tag) {
+		t.Errorf("ip netns list still shows the world:\n%s", out)
+	}
+	// links: bridge and veths
+	ents, err := os.ReadDir("/sys/class/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() == inv.Bridge || strings.HasPrefix(e.Name(), "kpv"+inv.Tag) {
+			t.Errorf("link %s left", e.Name())
+		}
+	}
+	for _, h := range inv.Hosts {
+		if _, err := net.InterfaceByName(h.Veth); err == nil {
+			t.Errorf("veth %s left", h.Veth)
+		}
+	}
+	// addresses: nobody holds the bridge address any more
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if strings.HasPrefix(a.String(), inv.BridgeAddress+"/") {
+			t.Errorf("bridge address %s still assigned", a)
+		}
+	}
+	// cgroups, in every hierarchy
+	for _, root := range cgroupRoots(t) {
+		if _, err := os.Stat(filepath.Join(root, inv.Cgroup)); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s%s left (%v)", root, inv.Cgroup, err)
+		}
+	}
+	// mounts and processes, in every mount namespace
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		pid := filepath.Base(p)
+		if mi, err := os.ReadFile(p + "/mountinfo"); err == nil {
+			if strings.Contains(string(mi), inv.StateDir+"/") || strings.Contains(string(mi), "/kpssh-"+inv.Tag+"-h") {
+				t.Errorf("pid %s still has a mount of the world (%s, netns kpssh-%s-*)", pid, inv.StateDir, inv.Tag)
+			}
+		}
+		if cg, err := os.ReadFile(p + "/cgroup"); err == nil && strings.Contains(string(cg), inv.Cgroup+"/") {
+			t.Errorf("pid %s is still in the world's cgroup:\n%s", pid, cg)
+		}
+		if cl, err := os.ReadFile(p + "/cmdline"); err == nil {
+			s := strings.ReplaceAll(string(cl), "\x00", " ")
+			if strings.Contains(s, "kpssh-"+inv.Tag+"-h") || strings.Contains(s, inv.StateDir) {
+				t.Errorf("process %s of the world left: %s", pid, s)
+			}
+		}
+	}
+	for _, h := range inv.Hosts {
+		if h.PID > 0 {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", h.PID)); err == nil && processIsOurs(h.PID, h.Machine) {
+				t.Errorf("%s PID 1 %d still alive", h.Name, h.PID)
+			}
+		}
+		if _, err := os.Stat("/run/systemd/nspawn/propagate/" + h.Machine); err == nil {
+			t.Errorf("nspawn propagate dir of %s left", h.Machine)
+		}
+	}
+	// state
+	if _, err := os.Stat(inv.StateDir); !os.IsNotExist(err) {
+		t.Errorf("state dir %s left (%v)", inv.StateDir, err)
+	}
+}
+
+func mustPrereqs(t *testing.T) {
+	t.Helper()
+	if err := hostenv.CheckPrerequisites(); err != nil {
+		t.Fatalf("hostenv: %v", err)
+	}
+}
+
+func hostsScript(t *testing.T) string {
+	t.Helper()
+	root, err := hostenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "hack", "hosts.sh")
+}
+
+func hostsCmd(t *testing.T, world string, args ...string) *exec.Cmd {
+	t.Helper()
+	c := exec.Command("bash", append([]string{hostsScript(t)}, args...)...)
+	c.Env = append(os.Environ(), "KPSSH_WORLD="+world)
+	return c
+}
+
+// TestWorldsAreIsolated: two worlds coexist (while TestWorld runs a third)
+// with their own bridge, subnet and names, and cannot reach each other.
+func TestWorldsAreIsolated(t *testing.T) {
+	t.Parallel()
+	a := hostenv.Up(t, 1)
+	b := hostenv.Up(t, 1)
+	ia, ib := a.Inventory(), b.Inventory()
+	if ia.Tag == ib.Tag || ia.Bridge == ib.Bridge || ia.BridgeAddress == ib.BridgeAddress || ia.StateDir == ib.StateDir {
+		t.Fatalf("worlds share resources:\n%+v\n%+v", ia, ib)
+	}
+	ha, hb := a.Host(0), b.Host(0)
+	if ha.Machine == hb.Machine || ha.Netns == hb.Netns || ha.Veth == hb.Veth || ha.MAC == hb.MAC || ha.Address == hb.Address {
+		t.Errorf("hosts of two worlds share names/addresses:\n%+v\n%+v", ha, hb)
+	}
+	if ha.Name != "h1" || hb.Name != "h1" {
+		t.Errorf("host names %q %q, want h1 in both", ha.Name, hb.Name)
+	}
+	// a's host has no route to b's subnet.
+	out, _, err := a.Run(0, fmt.Sprintf(`python3 -c 'import socket
+try:
+    socket.create_connection(("%s", 22), 3); print("reached")
+except OSError as e:
+    print("unreachable")'`, hb.Address))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(out) != "unreachable" {
+		t.Errorf("host of world A reached host of world B: %q", out)
+	}
+	// Each world's key is only accepted by its own hosts.
+	bad := a.SSHArgs(0)
+	for j := range bad {
+		if bad[j] == ia.ClientKey {
+			bad[j] = ib.ClientKey
+		}
+	}
+	if out, err := exec.Command("ssh", append(bad, "true")...).CombinedOutput(); err == nil {
+		t.Errorf("world B's key logged in to world A's host: %s", out)
+	}
+	if got := b.MustRun(0, "hostname"); got != "h1" {
+		t.Errorf("world B h1 hostname %q", got)
+	}
+	for _, w := range []*hostenv.World{a, b} {
+		inv := w.Inventory()
+		if err := w.Down(); err != nil {
+			t.Fatal(err)
+		}
+		assertWorldGone(t, inv)
+	}
+}
