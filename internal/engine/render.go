@@ -290,17 +290,20 @@ func connectTask() string {
 }
 
 // scriptCommand is the remote command a script is piped into: bash -s as
-// root (sudo -n for other users), bounded on the host by timeout(1) so a
-// phase the controller gave up on does not live on there, with the run tag
-// as $1 (the controller stops an interrupted script by it).
+// root (sudo -n for other users) with the run tag as $1, under a parent that
+// stays alive and carries the tag too — timeout(1), which also bounds the
+// script on the host with the phase timeout, or a plain sh. The controller
+// stops an interrupted script by the sessions of the tagged processes.
 func scriptCommand(req Request, rc renderConfig) string {
-	cmd := "bash -s"
-	if rc.tag != "" {
-		cmd += " " + rc.tag
-	}
-	if rc.remoteTimeout && rc.timeout > 0 {
+	var cmd string
+	switch {
+	case rc.remoteTimeout && rc.timeout > 0:
 		secs := int(math.Ceil(rc.timeout.Seconds()))
-		cmd = fmt.Sprintf("timeout -k %d %d %s", remoteKillAfter, secs, cmd)
+		cmd = fmt.Sprintf("timeout -k %d %d bash -s %s", remoteKillAfter, secs, rc.tag)
+	case rc.tag != "":
+		cmd = `sh -c 'bash -s "$0"; exit $?' ` + rc.tag
+	default:
+		cmd = "bash -s"
 	}
 	if connUser(req.Conn) != "root" {
 		cmd = "sudo -n " + cmd
@@ -443,6 +446,9 @@ const renderPlaceholderDir = "/dev/shm/kpssh-RUN"
 // Paths use the default collection/roles locations and a placeholder run
 // directory. See (*Local).Render for an engine's own paths.
 func Render(req Request, secretsMasked bool) (string, error) {
+	if req.Timeout <= 0 {
+		req.Timeout = DefaultTimeout
+	}
 	return renderText(req, secretsMasked, renderConfig{
 		dir: renderPlaceholderDir, python: DefaultPythonInterpreter, tag: filepath.Base(renderPlaceholderDir),
 		collectionsPath: "/usr/share/kpssh/collections", connectTimeout: DefaultConnectTimeout,

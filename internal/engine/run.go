@@ -122,6 +122,8 @@ func New(o Options) (*Local, error) {
 	if o.Path == "" {
 		o.Path = filepath.Dir(o.AnsiblePlaybook) + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}
+	// Run directories of a crashed process hold secrets: clear them now.
+	_, _ = SweepStale(o.RunDirBase)
 	return &Local{opts: o}, nil
 }
 
@@ -234,6 +236,7 @@ type scriptResult struct {
 
 // facts is everything a finished run tells us.
 type facts struct {
+	dir         string // the run directory (shown as <run> in messages)
 	phase       Phase
 	timeout     time.Duration
 	interrupted string // "", "timeout", "canceled"
@@ -314,7 +317,7 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 	go func() { waitExitedNoReap(pid); close(exited) }()
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	f := facts{phase: req.Phase, timeout: timeout}
+	f := facts{dir: dir.path, phase: req.Phase, timeout: timeout}
 	select {
 	case <-exited:
 	case <-timer.C:
@@ -399,11 +402,14 @@ func waitExitedNoReap(pid int) {
 	}
 }
 
-// stopRemoteScript sends SIGTERM to the processes on the host whose command
-// line carries this run's tag (the script's timeout(1) and bash; timeout
-// passes the signal on to the script's whole process group and SIGKILLs it
-// after remoteKillAfter seconds). It goes through the run's ControlMaster,
-// so it needs no new authentication, and is bounded.
+// stopRemoteScript stops an interrupted script on the host: it finds the
+// processes whose command line carries this run's tag (the script's parent —
+// timeout(1) or sh — and bash), takes their sessions (sshd starts every
+// session with setsid, so the script and whatever it started share one unless
+// they left it on purpose), sends SIGTERM to every process of those sessions,
+// and SIGKILL to what is left after up to 5 s. It runs through the run's
+// ControlMaster (no new authentication) in POSIX sh without procps, and is
+// bounded.
 func (l *Local) stopRemoteScript(dir *runDir, conn Connection) {
 	sock := dir.join(sockControl)
 	if _, err := os.Stat(sock); err != nil {
@@ -411,14 +417,11 @@ func (l *Local) stopRemoteScript(dir *runDir, conn Connection) {
 	}
 	tag := filepath.Base(dir.path)
 	i := strings.IndexByte(tag, '-')
-	// The pattern is assembled at run time so that this command's own
-	// command line does not match it. POSIX sh, no procps needed.
-	loop := fmt.Sprintf(`a=%s; p="$a%s"; for d in /proc/[0-9]*; do c=$(tr '\000' ' ' < "$d/cmdline" 2>/dev/null) || continue; case "$c" in *"$p"*) kill -TERM "${d#/proc/}" 2>/dev/null;; esac; done; exit 0`, tag[:i], tag[i:])
-	remote := "sh -c " + ShellQuote(loop)
+	remote := "sh -c " + ShellQuote(fmt.Sprintf(stopScript, tag[:i], tag[i:]))
 	if connUser(conn) != "root" {
 		remote = "sudo -n " + remote
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c := exec.CommandContext(ctx, "ssh", "-F", "/dev/null", "-o", "ControlPath="+sock, "-o", "ControlMaster=no", "-o", "BatchMode=yes", "kpssh-run", remote)
 	c.Env = []string{"PATH=" + l.opts.Path, "HOME=" + dir.path, "LANG=C.UTF-8"}
@@ -427,6 +430,30 @@ func (l *Local) stopRemoteScript(dir *runDir, conn Connection) {
 	c.WaitDelay = time.Second
 	_ = c.Run()
 }
+
+// stopScript is the host side of stopRemoteScript. The tag is assembled at
+// run time (%s%s) so that this command's own command line does not match it;
+// its own session is never signalled.
+const stopScript = `a=%s; p="$a%s"; sids=" "; me=
+for d in /proc/self /proc/[0-9]*; do
+  s=; read -r s 2>/dev/null <"$d/stat"; s=${s##*) }; set -- $s; [ -n "$4" ] || continue
+  [ -z "$me" ] && me=$4 && continue
+  c=; read -r c 2>/dev/null <"$d/cmdline" # NULs are dropped: the tag stays contiguous
+  case "$c" in *"$p"*) sids="$sids$4 ";; esac
+done
+[ "$sids" = " " ] && exit 0
+pass() {
+  n=0
+  for d in /proc/[0-9]*; do
+    s=; read -r s 2>/dev/null <"$d/stat"; s=${s##*) }; set -- $s
+    [ -n "$4" ] && [ "$4" != "$me" ] && [ "$4" != 0 ] && [ "$1" != Z ] || continue
+    case "$sids" in *" $4 "*) kill -$sig "${d#/proc/}" 2>/dev/null && n=$((n+1));; esac
+  done
+}
+sig=TERM; pass; sig=0; i=0
+while [ "$n" != 0 ] && [ "$i" -lt 5 ]; do sleep 1; i=$((i+1)); pass; done
+[ "$n" != 0 ] && sig=KILL && pass
+exit 0`
 
 // stopControlMaster ends the run's ssh ControlPersist master: `ssh -O exit`
 // on its socket, then any process still carrying the run directory in its
@@ -512,6 +539,15 @@ func waitGone(pids []int, d time.Duration) {
 // decide maps a finished run to a Result (SPEC §4.5). Messages are built
 // from tails redacted before they are joined; Run redacts the whole again.
 func decide(f facts, red *Redactor) Result {
+	res := decideRaw(f, red)
+	if f.dir != "" {
+		// the run directory is gone by the time anyone reads this
+		res.Message = strings.ReplaceAll(res.Message, f.dir, "<run>")
+	}
+	return res
+}
+
+func decideRaw(f facts, red *Redactor) Result {
 	res := Result{ExitCode: f.exitCode, Touched: f.sum.Reached}
 	stderr := strings.TrimSpace(red.RedactTail(f.stderr, f.stderrCut))
 

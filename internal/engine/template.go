@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"sort"
-	"strings"
 	"text/template"
 	"text/template/parse"
 )
@@ -124,7 +123,7 @@ type refChecker struct {
 	err     error
 }
 
-func (c *refChecker) field(name string, pos parse.Pos) {
+func (c *refChecker) field(name string) {
 	if c.err != nil || c.allowed[name] {
 		return
 	}
@@ -189,16 +188,16 @@ func (c *refChecker) walk(n parse.Node, dotRoot bool) {
 		c.command(n, dotRoot)
 	case *parse.FieldNode:
 		if dotRoot && len(n.Ident) > 0 {
-			c.field(n.Ident[0], n.Position())
+			c.field(n.Ident[0])
 		}
 	case *parse.VariableNode:
 		if len(n.Ident) > 1 && c.aliases[n.Ident[0]] {
-			c.field(n.Ident[1], n.Position())
+			c.field(n.Ident[1])
 		}
 	case *parse.ChainNode:
 		c.walk(n.Node, dotRoot)
 		if len(n.Field) > 0 && c.isRoot(n.Node, dotRoot) {
-			c.field(n.Field[0], n.Position())
+			c.field(n.Field[0])
 		}
 	}
 }
@@ -226,7 +225,7 @@ func (c *refChecker) command(cmd *parse.CommandNode, dotRoot bool) {
 		if id, ok := cmd.Args[0].(*parse.IdentifierNode); ok && id.Ident == "index" && c.isRoot(cmd.Args[1], dotRoot) {
 			if len(cmd.Args) >= 3 {
 				if s, ok := cmd.Args[2].(*parse.StringNode); ok {
-					c.field(s.Text, s.Position())
+					c.field(s.Text)
 				} else if c.err == nil && c.phase == PhaseLeave {
 					c.err = fmt.Errorf("leave script indexes the context with a computed key: leave gets only .HostAddress and .NodeAddress")
 				}
@@ -236,14 +235,4 @@ func (c *refChecker) command(cmd *parse.CommandNode, dotRoot bool) {
 	for _, a := range cmd.Args {
 		c.walk(a, dotRoot)
 	}
-}
-
-// templateFieldNames is for messages and docs.
-func templateFieldNames(p Phase) string {
-	var names []string
-	for f := range templateFields(p) {
-		names = append(names, "."+f)
-	}
-	sort.Strings(names)
-	return strings.Join(names, " ")
 }

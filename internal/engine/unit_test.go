@@ -628,7 +628,7 @@ func TestRenderMasksSecretsAndNeverShowsKey(t *testing.T) {
 	}
 	req.Source = Source{Script: "id"}
 	out, _ = Render(req, true)
-	if !strings.Contains(out, `cmd: "sudo -n bash -s"`) && !strings.Contains(out, `cmd: "sudo -n timeout`) {
+	if !strings.Contains(out, `cmd: "sudo -n timeout -k 5 600 bash -s kpssh-RUN"`) {
 		t.Fatalf("no sudo -n:\n%s", out)
 	}
 }
