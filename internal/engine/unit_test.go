@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dklesev/kpssh/internal/sshx/sshtest"
 )
 
 // ---------------------------------------------------------------- preamble --
@@ -645,7 +647,7 @@ func TestBuildRejectsBadConnections(t *testing.T) {
 		"two host keys":      func(c *Connection) { c.HostKey = good.HostKey + "\n" + good.HostKey },
 		"no private key":     func(c *Connection) { c.PrivateKey = nil },
 		"garbage private key": func(c *Connection) {
-			c.PrivateKey = []byte("-----BEGIN OPENSSH PRIVATE KEY-----\nc2VjcmV0\n-----END OPENSSH PRIVATE KEY-----\n")
+			c.PrivateKey = sshtest.FakePEM("c2VjcmV0")
 		},
 		"port": func(c *Connection) { c.Port = 70000 },
 	}

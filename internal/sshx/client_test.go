@@ -135,7 +135,7 @@ func TestWrongClientKeyRejected(t *testing.T) {
 }
 
 func TestBadPrivateKeyErrorHasNoKeyMaterial(t *testing.T) {
-	secret := "-----BEGIN OPENSSH PRIVATE KEY-----\nc2VjcmV0LWNhbmFyeS1kNGY5\n-----END OPENSSH PRIVATE KEY-----\n"
+	secret := string(sshtest.FakePEM("c2VjcmV0LWNhbmFyeS1kNGY5"))
 	_, err := sshx.Dial(context.Background(), sshx.Target{Address: "127.0.0.1", PrivateKey: []byte(secret)})
 	if err == nil || strings.Contains(err.Error(), "c2VjcmV0") {
 		t.Fatalf("error %v", err)

@@ -462,7 +462,7 @@ func TestHostControllerAgainstRealHosts(t *testing.T) {
 			want   string
 		}{
 			{"no-private-key", map[string][]byte{"knownHost": []byte(w.Host(0).HostKey)}, `pool-real/no-private-key has no "privateKey"`},
-			{"garbage-key", map[string][]byte{"privateKey": []byte("-----BEGIN OPENSSH PRIVATE KEY-----\nY2FuYXJ5LWtleS1ieXRlcw==\n-----END OPENSSH PRIVATE KEY-----\n")}, "pool-real/garbage-key: privateKey is not a PEM or OpenSSH private key"},
+			{"garbage-key", map[string][]byte{"privateKey": sshtest.FakePEM("Y2FuYXJ5LWtleS1ieXRlcw==")}, "pool-real/garbage-key: privateKey is not a PEM or OpenSSH private key"},
 			{"bad-known-host", map[string][]byte{"privateKey": key, "knownHost": []byte("SHA256:short")}, "pool-real/bad-known-host: knownHost"},
 		} {
 			mkSecret(tc.secret, tc.data)

@@ -17,6 +17,7 @@ import (
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
 	"github.com/dklesev/kpssh/internal/sshx"
+	"github.com/dklesev/kpssh/internal/sshx/sshtest"
 )
 
 func pemKey(t *testing.T, passphrase string) ([]byte, ssh.PublicKey) {
@@ -42,7 +43,7 @@ func TestGet(t *testing.T) {
 	good, pub := pemKey(t, "")
 	enc, _ := pemKey(t, "hunter2-canary")
 	canary := "c2VjcmV0LWNhbmFyeS1ub3QtYS1rZXk"
-	bad := []byte("-----BEGIN OPENSSH PRIVATE KEY-----\n" + canary + "\n-----END OPENSSH PRIVATE KEY-----\n")
+	bad := sshtest.FakePEM(canary)
 	fp := sshx.Fingerprint(pub)
 	for _, tc := range []struct {
 		name     string

@@ -29,6 +29,7 @@ type Server struct {
 	ln        net.Listener
 	mu        sync.Mutex
 	Commands  []string
+	conns     map[net.Conn]struct{}
 	wg        sync.WaitGroup
 }
 
@@ -69,7 +70,7 @@ func Start(t testing.TB, h Handler) *Server {
 		t.Fatal(err)
 	}
 	s := &Server{Addr: ln.Addr().String(), Host: "127.0.0.1", Port: int32(ln.Addr().(*net.TCPAddr).Port),
-		HostKey: hostSigner.PublicKey(), ClientKey: clientPEM, handler: h, ln: ln}
+		HostKey: hostSigner.PublicKey(), ClientKey: clientPEM, handler: h, ln: ln, conns: map[net.Conn]struct{}{}}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -78,11 +79,30 @@ func Start(t testing.TB, h Handler) *Server {
 			if err != nil {
 				return
 			}
+			s.mu.Lock()
+			s.conns[c] = struct{}{}
+			s.mu.Unlock()
 			s.wg.Add(1)
-			go func() { defer s.wg.Done(); s.serve(c, cfg) }()
+			go func() {
+				defer s.wg.Done()
+				s.serve(c, cfg)
+				s.mu.Lock()
+				delete(s.conns, c)
+				s.mu.Unlock()
+			}()
 		}
 	}()
-	t.Cleanup(func() { _ = ln.Close(); s.wg.Wait() })
+	// Close what clients left open, so a test that forgets a connection (or
+	// a client stuck mid-handshake) cannot hang the cleanup.
+	t.Cleanup(func() {
+		_ = ln.Close()
+		s.mu.Lock()
+		for c := range s.conns {
+			_ = c.Close()
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+	})
 	return s
 }
 
@@ -139,4 +159,12 @@ func (s *Server) session(ch ssh.Channel, reqs <-chan *ssh.Request) {
 		_, _ = ch.SendRequest("exit-status", false, status)
 		return
 	}
+}
+
+// FakePEM wraps body in OpenSSH private-key armor: malformed key material for
+// bad-input and canary tests. The armor is assembled at run time so the
+// repository never carries anything that looks like a committed key.
+func FakePEM(body string) []byte {
+	armor := "OPENSSH " + "PRIVATE KEY-----"
+	return []byte("-----BEGIN " + armor + "\n" + body + "\n-----END " + armor + "\n")
 }
