@@ -56,6 +56,7 @@ type crdCase struct {
 }
 
 func TestCRDValidation(t *testing.T) {
+	needEnv(t)
 	for i, tc := range crdCases() {
 		t.Run(fmt.Sprintf("%s/%s", tc.kind, tc.name), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

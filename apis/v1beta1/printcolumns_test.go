@@ -18,6 +18,7 @@ import (
 // The seed's runbook shows `kubectl get sshhost` output; users read and grep
 // it, so the real kubectl against the real apiserver must print those columns.
 func TestKubectlGetSSHHostsColumns(t *testing.T) {
+	needEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	h := &v1beta1.SSHHost{
@@ -72,6 +73,7 @@ func TestKubectlGetSSHHostsColumns(t *testing.T) {
 }
 
 func TestKubectlGetNodeClassAndProfileColumns(t *testing.T) {
+	needEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	p := &v1beta1.SSHJoinProfile{

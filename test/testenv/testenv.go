@@ -6,20 +6,24 @@ package testenv
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	karpapis "sigs.k8s.io/karpenter/pkg/apis"
 	_ "sigs.k8s.io/karpenter/pkg/apis/v1" // registers NodePool/NodeClaim in the global scheme
 	"sigs.k8s.io/yaml"
@@ -185,4 +189,34 @@ func (e *Env) Kubectl(ctx context.Context, args ...string) (string, error) {
 		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
+}
+
+// RunMain is a package's TestMain body: it starts one control plane shared
+// by the package's tests, runs setup on it, runs the tests and stops it.
+// Under -short nothing starts and *env stays nil (the package's real tests
+// skip themselves there, saying so). Controller-runtime logs are discarded.
+func RunMain(m *testing.M, env **Env, setup ...func(*Env) error) int {
+	flag.Parse()
+	ctrllog.SetLogger(logr.Discard())
+	if testing.Short() {
+		return m.Run()
+	}
+	e, err := Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start control plane:", err)
+		return 1
+	}
+	defer func() {
+		if err := e.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stop control plane:", err)
+		}
+	}()
+	for _, s := range setup {
+		if err := s(e); err != nil {
+			fmt.Fprintln(os.Stderr, "control plane setup:", err)
+			return 1
+		}
+	}
+	*env = e
+	return m.Run()
 }

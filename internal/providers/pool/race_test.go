@@ -3,7 +3,6 @@ package pool_test
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"sync"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -23,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/providers/pool"
@@ -32,21 +29,7 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	ctrllog.SetLogger(logr.Discard())
-	if testing.Short() {
-		os.Exit(m.Run())
-	}
-	var err error
-	if env, err = testenv.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "start control plane:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = env.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &env)) }
 
 // cachedPool reads through an informer cache and writes to the apiserver,
 // as the provider does inside the controller.
