@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
 	"github.com/dklesev/kpssh/internal/sshx"
 )
@@ -47,7 +47,11 @@ func (s *script) Leave(ctx context.Context, host *v1beta1.SSHHost, creds hostkey
 		return err
 	}
 	defer conn.Close()
-	res, err := conn.Run(ctx, Shell(host.Spec.User), strings.NewReader(Preamble(EmptyContext(host))+body))
+	preamble, err := engine.Preamble(engine.Env(engine.PhaseLeave, EmptyContext(host), false))
+	if err != nil {
+		return err
+	}
+	res, err := conn.Run(ctx, Shell(host.Spec.User), strings.NewReader(preamble+body))
 	if err != nil {
 		var ee *sshx.ExitError
 		if errors.As(err, &ee) {
@@ -81,29 +85,15 @@ func (s *script) resolve(ctx context.Context, host *v1beta1.SSHHost) (string, ti
 	return string(p.Spec.Scripts.Leave), timeout, nil
 }
 
-// EmptyContext is the whole environment leave gets.
-func EmptyContext(host *v1beta1.SSHHost) map[string]string {
+// EmptyContext is the whole context leave gets: the host's own addresses.
+// engine.Env applies the rest of the contract (other fixed names exported
+// empty, no KPSSH_VAR_*/KPSSH_SECRET_*).
+func EmptyContext(host *v1beta1.SSHHost) engine.Context {
 	node := host.Spec.NodeAddress
 	if node == "" {
 		node = host.Spec.Address
 	}
-	return map[string]string{"KPSSH_HOST_ADDRESS": host.Spec.Address, "KPSSH_NODE_ADDRESS": node}
-}
-
-// Preamble is the strict prologue of a raw script: fail fast, then the
-// environment as sorted single-quoted exports.
-func Preamble(env map[string]string) string {
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var b strings.Builder
-	b.WriteString("set -euo pipefail\n")
-	for _, k := range keys {
-		fmt.Fprintf(&b, "export %s='%s'\n", k, strings.ReplaceAll(env[k], "'", `'\''`))
-	}
-	return b.String()
+	return engine.Context{HostAddress: host.Spec.Address, NodeAddress: node}
 }
 
 // Shell is how a raw script runs: bash as root (sudo for other users).
