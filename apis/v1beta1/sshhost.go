@@ -196,6 +196,7 @@ type SSHHostStatus struct {
 // +kubebuilder:printcolumn:name="Installed",type=string,JSONPath=`.status.installedProfile`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:selectablefield:JSONPath=`.status.claimRef.uid`
 type SSHHost struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -203,6 +204,11 @@ type SSHHost struct {
 	Spec   SSHHostSpec   `json:"spec"`
 	Status SSHHostStatus `json:"status,omitempty"`
 }
+
+// FieldClaimUID selects hosts by the UID of the NodeClaim holding them: a
+// live, consistent "which host does this NodeClaim hold" that returns one
+// object instead of the whole pool.
+const FieldClaimUID = "status.claimRef.uid"
 
 // SSHHostList is a list of SSHHosts.
 // +kubebuilder:object:root=true

@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/clock"
 	controllerruntime "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -72,7 +74,9 @@ func New(c client.Client, rec events.Recorder, namespace string) *Controller {
 }
 
 // Register adds the controller to mgr. NodeClaim deletions wake the host
-// holding the claim so stale-claim repair does not wait for a probe interval.
+// holding the claim so stale-claim repair does not wait for a probe interval;
+// Node registrations wake the host whose bootstrap token they make
+// collectable.
 func (c *Controller) Register(mgr manager.Manager) error {
 	if err := crmetrics.Registry.Register(NewPoolCollector(mgr.GetClient(), c.Namespace)); err != nil {
 		var are prometheus.AlreadyRegisteredError
@@ -84,6 +88,7 @@ func (c *Controller) Register(mgr manager.Manager) error {
 		Named("host").
 		For(&v1beta1.SSHHost{}).
 		Watches(&karpv1.NodeClaim{}, handler.EnqueueRequestsFromMapFunc(c.hostsOfClaim)).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(c.hostsOfNode), builder.WithPredicates(nodeRegistration())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: c.Concurrency}).
 		Complete(c)
 }
@@ -105,8 +110,8 @@ func (c *Controller) hostsOfClaim(ctx context.Context, o client.Object) []reconc
 // step is one concern. It returns done=true when it decided this reconcile.
 type step func(ctx context.Context, h *v1beta1.SSHHost) (res reconcile.Result, done bool, err error)
 
-// Reconcile runs the concerns in order: stale claim → maintenance → probe
-// (which hands a running kubelet to the zombie guard).
+// Reconcile runs the concerns in order: token GC → stale claim →
+// maintenance → probe (which hands a running kubelet to the zombie guard).
 func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if req.Namespace != c.Namespace {
 		return reconcile.Result{}, nil // hosts outside the pool namespace are not ours
@@ -119,7 +124,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, nil
 	}
 	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("sshhost", req.Name))
-	for _, s := range []step{c.repairStaleClaim, c.maintenance, c.probe} {
+	for _, s := range []step{c.collectToken, c.repairStaleClaim, c.maintenance, c.probe} {
 		res, done, err := s(ctx, h)
 		if apierrors.IsConflict(err) {
 			// Someone else wrote first (a claim, another replica): start over.

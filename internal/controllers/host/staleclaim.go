@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"errors"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -11,6 +12,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/providers/token"
 )
 
 // repairStaleClaim releases a host whose NodeClaim is gone or was replaced by
@@ -31,8 +33,9 @@ func (c *Controller) repairStaleClaim(ctx context.Context, h *v1beta1.SSHHost) (
 		return reconcile.Result{}, true, err
 	}
 	// Delete the token before forgetting its id: a crash in between must not
-	// leave an unrecorded token in kube-system.
-	if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil {
+	// leave an unrecorded token in kube-system. A malformed id names no
+	// token of ours; refusing the release over it would wedge the host.
+	if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil && !errors.Is(err, token.ErrMalformedID) {
 		return reconcile.Result{}, true, err
 	}
 	orig := h.DeepCopy()

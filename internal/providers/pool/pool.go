@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -53,7 +54,19 @@ type Pool struct {
 	Live      client.Reader
 	Namespace string
 	Now       func() metav1.Time
+
+	// reserved keeps this process's own claimers off each other's hosts:
+	// host name → inFlight while a claim CAS is being attempted, then the
+	// resourceVersion the host had before our winning write. A cached copy
+	// still at that version has not seen our claim yet and is skipped
+	// instead of costing a certain 409. Without it N concurrent Creates
+	// reading the same cache all try the same oldest host first: O(N²)
+	// conflicts (measured: 103 writes/claim, p99 5 min at N=200). The CAS
+	// stays the only arbiter across processes.
+	reserved sync.Map
 }
+
+const inFlight = "\x00in-flight"
 
 // New returns a Pool over namespace; live may be nil when c is uncached.
 func New(c client.Client, live client.Reader, namespace string) *Pool {
@@ -107,7 +120,7 @@ func Candidates(hosts []v1beta1.SSHHost, class string) []*v1beta1.SSHHost {
 func (p *Pool) ClaimOne(ctx context.Context, candidates []*v1beta1.SSHHost, c Claim) (*v1beta1.SSHHost, error) {
 	for _, cand := range candidates {
 		h := cand.DeepCopy()
-		if !Free(h) {
+		if !Free(h) || !p.reserve(h) {
 			continue
 		}
 		orig := h.DeepCopy()
@@ -115,14 +128,34 @@ func (p *Pool) ClaimOne(ctx context.Context, candidates []*v1beta1.SSHHost, c Cl
 		h.SetState(v1beta1.HostClaimed, "claimed by NodeClaim "+c.Name, p.Now())
 		h.Status.LastPhase = nil
 		if err := p.patch(ctx, orig, h); err != nil {
+			p.reserved.Delete(h.Name)
 			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 				continue
 			}
 			return nil, err
 		}
+		p.reserved.Store(h.Name, orig.ResourceVersion)
 		return h, nil
 	}
 	return nil, ErrNoHost
+}
+
+// reserve takes h for one claim attempt by this process. It refuses a host
+// another claimer of this process is attempting, or one this process won
+// whose cached copy predates the win.
+func (p *Pool) reserve(h *v1beta1.SSHHost) bool {
+	for {
+		prev, loaded := p.reserved.LoadOrStore(h.Name, inFlight)
+		if !loaded {
+			return true
+		}
+		if prev == inFlight || prev == h.ResourceVersion {
+			return false
+		}
+		// The copy moved past our winning write (released since): the
+		// reservation is spent; drop it unless someone replaced it meanwhile.
+		p.reserved.CompareAndDelete(h.Name, prev)
+	}
 }
 
 // ByClaim finds the host holding c (name and UID), or nil.
@@ -171,15 +204,20 @@ func (p *Pool) Update(ctx context.Context, name string, c Claim, mutate func(h *
 // clean leave or a config error, Unhealthy after a host-side failure).
 // Releasing a host c does not hold is ErrClaimLost and changes nothing.
 func (p *Pool) Release(ctx context.Context, name string, c Claim, state v1beta1.HostState, msg string) (*v1beta1.SSHHost, error) {
-	return p.Update(ctx, name, c, func(h *v1beta1.SSHHost) {
-		h.Status.ClaimRef = nil
-		h.Status.BootstrapTokenID = ""
-		h.Status.ProviderID = ""
-		h.SetState(state, msg, p.Now())
-		if state == v1beta1.HostUnhealthy && msg != "" {
-			h.Status.LastProbeError = msg
-		}
-	})
+	return p.Update(ctx, name, c, func(h *v1beta1.SSHHost) { Released(h, state, msg, p.Now()) })
+}
+
+// Released applies a release to h's status: no claim, no token id, no
+// providerID, the new state (and, for Unhealthy, the reason as
+// lastProbeError so the probe's view and the operator's agree).
+func Released(h *v1beta1.SSHHost, state v1beta1.HostState, msg string, now metav1.Time) {
+	h.Status.ClaimRef = nil
+	h.Status.BootstrapTokenID = ""
+	h.Status.ProviderID = ""
+	h.SetState(state, msg, now)
+	if state == v1beta1.HostUnhealthy && msg != "" {
+		h.Status.LastProbeError = msg
+	}
 }
 
 func (p *Pool) patch(ctx context.Context, orig, h *v1beta1.SSHHost) error {

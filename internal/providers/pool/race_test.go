@@ -110,6 +110,10 @@ func TestClaimRace(t *testing.T) {
 		wg.Add(1)
 		go func(g int) {
 			defer wg.Done()
+			// One Pool per claimer, sharing the cache: like separate
+			// replicas, so the in-process reservation cannot hide races
+			// and the compare-and-swap alone must keep owners unique.
+			p := pool.New(p.Client, p.Live, ns)
 			for i := 0; i < attempts; i++ {
 				total.Add(1)
 				c := pool.Claim{Name: fmt.Sprintf("c-%d-%d", g, i), UID: uuid.NewUUID()}

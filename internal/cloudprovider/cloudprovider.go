@@ -1,0 +1,256 @@
+// Package cloudprovider is kpssh's Karpenter CloudProvider (name "ssh"): it
+// does not create machines, it claims hosts of the pool and runs the join
+// profile's phases on them through the phase runner. It knows nothing of
+// playbooks: phases are opaque runs that succeed, fail on the host, or are
+// refused as configuration errors.
+package cloudprovider
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/awslabs/operatorpkg/status"
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+	"sigs.k8s.io/karpenter/pkg/events"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/providers/clusterinfo"
+	"github.com/dklesev/kpssh/internal/providers/instancetype"
+	"github.com/dklesev/kpssh/internal/providers/phase"
+	"github.com/dklesev/kpssh/internal/providers/pool"
+	"github.com/dklesev/kpssh/internal/providers/token"
+)
+
+// Name is the Karpenter CloudProvider name.
+const Name = "ssh"
+
+// DefaultAdoptTimeout bounds the wait for an Adopt-mode Node (seed: ≤ 4 min).
+const DefaultAdoptTimeout = 4 * time.Minute
+
+// Phases runs profile phases on hosts (*phase.Runner).
+type Phases interface {
+	Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) phase.Outcome
+}
+
+// CloudProvider implements Karpenter's cloudprovider.CloudProvider.
+type CloudProvider struct {
+	Client   client.Client
+	Live     client.Reader // uncached reads for decisions under a claim
+	Pool     *pool.Pool
+	Phases   Phases
+	Tokens   token.Provider
+	Cluster  clusterinfo.Provider
+	Recorder events.Recorder
+	Clock    clock.Clock
+	// AdoptTimeout bounds the wait for the Node in Adopt mode.
+	AdoptTimeout time.Duration
+	// AdoptPoll is the Node poll interval in Adopt mode.
+	AdoptPoll time.Duration
+
+	locks sync.Map // host name → *sync.Mutex
+	// claimed (benchmarks) is called when a claim CAS is won.
+	claimed func(nodeClaim string)
+}
+
+var _ cloudprovider.CloudProvider = (*CloudProvider)(nil)
+
+// New wires a CloudProvider over the pool namespace.
+func New(c client.Client, live client.Reader, namespace string, phases Phases, tokens token.Provider, rec events.Recorder, clk clock.Clock) *CloudProvider {
+	if live == nil {
+		live = c
+	}
+	p := pool.New(c, live, namespace)
+	return &CloudProvider{
+		Client: c, Live: live, Pool: p, Phases: phases, Tokens: tokens,
+		Cluster: clusterinfo.New(c), Recorder: rec, Clock: clk,
+		AdoptTimeout: DefaultAdoptTimeout, AdoptPoll: 2 * time.Second,
+	}
+}
+
+// Name implements cloudprovider.CloudProvider.
+func (c *CloudProvider) Name() string { return Name }
+
+// GetSupportedNodeClasses implements cloudprovider.CloudProvider.
+func (c *CloudProvider) GetSupportedNodeClasses() []status.Object {
+	return []status.Object{&v1beta1.SSHNodeClass{}}
+}
+
+// RepairPolicies implements cloudprovider.CloudProvider.
+func (c *CloudProvider) RepairPolicies() []cloudprovider.RepairPolicy { return RepairPolicies() }
+
+// Reboot implements cloudprovider.CloudProvider. A reboot of a pool host is
+// an operator's act (maintenance annotation), never Karpenter's.
+func (c *CloudProvider) Reboot(context.Context, *karpv1.NodeClaim, string) error {
+	return cloudprovider.NewNodeRebootNotImplementedError()
+}
+
+// nodeClassGK is the group/kind of our node class in nodeClassRefs.
+var nodeClassGK = schema.GroupKind{Group: v1beta1.Group, Kind: "SSHNodeClass"}
+
+func ours(ref *karpv1.NodeClassReference) bool {
+	return ref != nil && ref.Group == nodeClassGK.Group && ref.Kind == nodeClassGK.Kind
+}
+
+// nodeClass resolves a reference; (nil, nil) when it does not exist.
+func (c *CloudProvider) nodeClass(ctx context.Context, ref *karpv1.NodeClassReference) (*v1beta1.SSHNodeClass, error) {
+	nc := &v1beta1.SSHNodeClass{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: ref.Name}, nc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return nc, nil
+}
+
+func (c *CloudProvider) profile(ctx context.Context, name string) (*v1beta1.SSHJoinProfile, error) {
+	p := &v1beta1.SSHJoinProfile{}
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, p); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+// classHosts lists the pool hosts selected by the node class.
+func (c *CloudProvider) classHosts(ctx context.Context, nc *v1beta1.SSHNodeClass) ([]v1beta1.SSHHost, error) {
+	sel := labels.Everything()
+	if nc.Spec.HostSelector != nil {
+		s, err := metav1LabelSelector(nc)
+		if err != nil {
+			return nil, err
+		}
+		sel = s
+	}
+	return c.Pool.Hosts(ctx, sel)
+}
+
+// instanceTypes builds the instance types of a node class, cheapest first,
+// with the classes they came from.
+func (c *CloudProvider) instanceTypes(ctx context.Context, nc *v1beta1.SSHNodeClass) ([]*cloudprovider.InstanceType, []v1beta1.SSHHost, error) {
+	hosts, err := c.classHosts(ctx, nc)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []*cloudprovider.InstanceType
+	for _, cl := range instancetype.Classes(log.FromContext(ctx), hosts) {
+		it, err := instancetype.New(cl, nc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("node class %s: %w", nc.Name, err)
+		}
+		out = append(out, it)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return price(out[i]) < price(out[j]) })
+	return out, hosts, nil
+}
+
+func price(it *cloudprovider.InstanceType) float64 {
+	if len(it.Offerings) == 0 {
+		return 0
+	}
+	return it.Offerings[0].Price
+}
+
+// GetInstanceTypes implements cloudprovider.CloudProvider. NodePools of
+// other providers get nothing (coexistence with another provider's pools).
+func (c *CloudProvider) GetInstanceTypes(ctx context.Context, np *karpv1.NodePool) ([]*cloudprovider.InstanceType, error) {
+	if np == nil || !ours(np.Spec.Template.Spec.NodeClassRef) {
+		return nil, nil
+	}
+	nc, err := c.nodeClass(ctx, np.Spec.Template.Spec.NodeClassRef)
+	if err != nil || nc == nil {
+		return nil, err
+	}
+	its, _, err := c.instanceTypes(ctx, nc)
+	if err != nil {
+		// A bad selector is reported on the node class (SelectorError); to
+		// Karpenter the pool simply has no types.
+		log.FromContext(ctx).Error(err, "building instance types", "nodeClass", nc.Name)
+		return nil, nil
+	}
+	return its, nil
+}
+
+// Get implements cloudprovider.CloudProvider.
+func (c *CloudProvider) Get(ctx context.Context, providerID string) (*karpv1.NodeClaim, error) {
+	h, err := c.hostByProviderID(ctx, providerID)
+	if err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, cloudprovider.NewNodeClaimNotFoundError(fmt.Errorf("no claimed host has providerID %q", providerID))
+	}
+	return c.hostNodeClaim(ctx, h), nil
+}
+
+// List implements cloudprovider.CloudProvider: one NodeClaim per joined
+// host (providerID recorded). Hosts still mid-create have no providerID and
+// no registered NodeClaim for garbage collection to compare against.
+func (c *CloudProvider) List(ctx context.Context) ([]*karpv1.NodeClaim, error) {
+	hosts, err := c.Pool.Hosts(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	var out []*karpv1.NodeClaim
+	for i := range hosts {
+		h := &hosts[i]
+		if h.Status.ClaimRef != nil && h.Status.ProviderID != "" {
+			out = append(out, c.hostNodeClaim(ctx, h))
+		}
+	}
+	return out, nil
+}
+
+func (c *CloudProvider) hostByProviderID(ctx context.Context, providerID string) (*v1beta1.SSHHost, error) {
+	if providerID == "" {
+		return nil, nil
+	}
+	hosts, err := c.Pool.Hosts(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	for i := range hosts {
+		if h := &hosts[i]; h.Status.ClaimRef != nil && h.Status.ProviderID == providerID {
+			return h, nil
+		}
+	}
+	return nil, nil
+}
+
+// IsDrifted implements cloudprovider.CloudProvider.
+func (c *CloudProvider) IsDrifted(ctx context.Context, nodeClaim *karpv1.NodeClaim) (cloudprovider.DriftReason, error) {
+	if !ours(nodeClaim.Spec.NodeClassRef) {
+		return "", nil
+	}
+	h, err := c.hostByProviderID(ctx, nodeClaim.Status.ProviderID)
+	if err != nil || h == nil {
+		return "", err
+	}
+	nc, err := c.nodeClass(ctx, nodeClaim.Spec.NodeClassRef)
+	if err != nil || nc == nil {
+		return "", err
+	}
+	p, err := c.profile(ctx, nc.Spec.JoinProfileRef.Name)
+	if err != nil {
+		return "", err
+	}
+	return Drifted(h, p, nc, nodeClaim.Annotations), nil
+}
+
+func logFor(ctx context.Context, nodeClaim *karpv1.NodeClaim) logr.Logger {
+	return log.FromContext(ctx).WithValues("NodeClaim", nodeClaim.Name)
+}

@@ -1,0 +1,783 @@
+package cloudprovider
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/awslabs/operatorpkg/status"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+	"sigs.k8s.io/karpenter/pkg/events"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/providers/clusterinfo"
+	"github.com/dklesev/kpssh/internal/providers/phase"
+	"github.com/dklesev/kpssh/internal/providers/pool"
+	"github.com/dklesev/kpssh/internal/providers/token"
+)
+
+const ns = "kpssh-system"
+
+// --- fakes -------------------------------------------------------------
+
+type call struct {
+	Host  string
+	Phase engine.Phase
+	Ctx   engine.Context
+	Prof  string
+}
+
+type fakePhases struct {
+	mu      sync.Mutex
+	calls   []call
+	results map[engine.Phase]engine.Result
+	// during runs inside a phase (e.g. a concurrent release).
+	during func(ph engine.Phase)
+}
+
+func (f *fakePhases) Run(_ context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, _ []string) phase.Outcome {
+	f.mu.Lock()
+	f.calls = append(f.calls, call{Host: h.Name, Phase: ph, Ctx: c, Prof: p.Name})
+	res, ok := f.results[ph]
+	f.mu.Unlock()
+	if f.during != nil {
+		f.during(ph)
+	}
+	if !ok {
+		res = engine.Result{Outcome: engine.Succeeded}
+	}
+	return phase.Outcome{Result: res, LastPhase: phase.Record(ph, res, time.Now())}
+}
+
+func (f *fakePhases) phases() []engine.Phase {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []engine.Phase
+	for _, c := range f.calls {
+		out = append(out, c.Phase)
+	}
+	return out
+}
+
+type fakeTokens struct {
+	mu      sync.Mutex
+	n       int
+	live    map[string]bool
+	deleted []string
+	mintErr error
+}
+
+func (f *fakeTokens) Mint(_ context.Context, _ string) (token.Token, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.mintErr != nil {
+		return token.Token{}, f.mintErr
+	}
+	f.n++
+	id := []string{"aaaaaa", "bbbbbb", "cccccc", "dddddd"}[f.n%4]
+	if f.live == nil {
+		f.live = map[string]bool{}
+	}
+	f.live[id] = true
+	return token.Token{ID: id, Secret: "0123456789abcdef"}, nil
+}
+
+func (f *fakeTokens) Delete(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if id != "" {
+		f.deleted = append(f.deleted, id)
+		delete(f.live, id)
+	}
+	return nil
+}
+
+func (f *fakeTokens) leaked() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.live)
+}
+
+type fakeCluster struct{ err error }
+
+func (f fakeCluster) Get(context.Context, *v1beta1.SSHNodeClass) (clusterinfo.Info, error) {
+	return clusterinfo.Info{Endpoint: "https://10.0.0.1:6443", CAB64: "Q0E="}, f.err
+}
+
+type recorder struct {
+	mu     sync.Mutex
+	events []events.Event
+}
+
+func (r *recorder) Publish(evs ...events.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, evs...)
+}
+
+func (r *recorder) reasons() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, e := range r.events {
+		out = append(out, e.Reason)
+	}
+	return out
+}
+
+// --- fixtures ----------------------------------------------------------
+
+func newHost(name, class string, mut ...func(*v1beta1.SSHHost)) *v1beta1.SSHHost {
+	h := &v1beta1.SSHHost{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{v1beta1.LabelHostClass: class},
+			CreationTimestamp: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, len(name), 0, time.UTC))},
+		Spec: v1beta1.SSHHostSpec{Address: "10.0.0." + name[len(name)-1:], Port: 22, User: "root",
+			SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"},
+			Capacity:        corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("8Gi")}},
+		Status: v1beta1.SSHHostStatus{State: v1beta1.HostAvailable, ObservedArch: "amd64", HostKeyFingerprint: "SHA256:x"},
+	}
+	for _, m := range mut {
+		m(h)
+	}
+	return h
+}
+
+func nodeClass(mut ...func(*v1beta1.SSHNodeClass)) *v1beta1.SSHNodeClass {
+	nc := &v1beta1.SSHNodeClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "pool"},
+		Spec: v1beta1.SSHNodeClassSpec{JoinProfileRef: v1beta1.ObjectReference{Name: "prof"},
+			Vars: v1beta1.Vars{"k8sMinor": "1.36"}, PricePerCPUHour: "0.02"},
+	}
+	nc.StatusConditions().SetTrue(v1beta1.ConditionReady)
+	for _, m := range mut {
+		m(nc)
+	}
+	return nc
+}
+
+func joinProfile() *v1beta1.SSHJoinProfile {
+	return &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: "prof"},
+		Spec: v1beta1.SSHJoinProfileSpec{Version: "2", Scripts: &v1beta1.ProfileScripts{Install: "true", Join: "true", Leave: "true"}}}
+}
+
+func newNodeClaim(name string, mut ...func(*karpv1.NodeClaim)) *karpv1.NodeClaim {
+	nc := &karpv1.NodeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name), Labels: map[string]string{karpv1.NodePoolLabelKey: "default"}},
+		Spec: karpv1.NodeClaimSpec{
+			NodeClassRef: &karpv1.NodeClassReference{Group: v1beta1.Group, Kind: "SSHNodeClass", Name: "pool"},
+			Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}}},
+			Resources:    karpv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}},
+			Taints:       []corev1.Taint{{Key: "dedicated", Value: "ssh", Effect: corev1.TaintEffectNoSchedule}},
+		},
+	}
+	for _, m := range mut {
+		m(nc)
+	}
+	return nc
+}
+
+type world struct {
+	c      client.Client
+	cp     *CloudProvider
+	ph     *fakePhases
+	tok    *fakeTokens
+	rec    *recorder
+	writes int
+}
+
+func newWorld(t *testing.T, funcs *interceptor.Funcs, objs ...client.Object) *world {
+	t.Helper()
+	w := &world{ph: &fakePhases{results: map[engine.Phase]engine.Result{}}, tok: &fakeTokens{}, rec: &recorder{}}
+	f := interceptor.Funcs{}
+	if funcs != nil {
+		f = *funcs
+	}
+	inner := f.SubResourcePatch
+	f.SubResourcePatch = func(ctx context.Context, c client.Client, sub string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
+		w.writes++
+		if inner != nil {
+			return inner(ctx, c, sub, o, p, opts...)
+		}
+		return c.SubResource(sub).Patch(ctx, o, p, opts...)
+	}
+	w.c = fake.NewClientBuilder().WithScheme(scheme.Scheme).
+		WithStatusSubresource(&v1beta1.SSHHost{}, &v1beta1.SSHNodeClass{}, &karpv1.NodeClaim{}).
+		WithIndex(&v1beta1.SSHHost{}, v1beta1.FieldClaimUID, func(o client.Object) []string {
+			if r := o.(*v1beta1.SSHHost).Status.ClaimRef; r != nil {
+				return []string{string(r.UID)}
+			}
+			return []string{""}
+		}).
+		WithObjects(objs...).WithInterceptorFuncs(f).Build()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	w.cp = New(w.c, w.c, ns, w.ph, w.tok, w.rec, clk)
+	w.cp.Cluster = fakeCluster{}
+	return w
+}
+
+func (w *world) host(t *testing.T, name string) *v1beta1.SSHHost {
+	t.Helper()
+	h := &v1beta1.SSHHost{}
+	if err := w.c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, h); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func standard(extra ...client.Object) []client.Object {
+	return append([]client.Object{nodeClass(), joinProfile()}, extra...)
+}
+
+// --- Create -----------------------------------------------------------
+
+func TestCreateHappyPath(t *testing.T) {
+	w := newWorld(t, nil, standard(newHost("h1", "small"))...)
+	nc := newNodeClaim("claim-a")
+	out, err := w.cp.Create(context.Background(), nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := w.host(t, "h1")
+	if h.Status.State != v1beta1.HostInUse || h.Status.ClaimRef == nil || h.Status.ClaimRef.UID != nc.UID {
+		t.Fatalf("host not InUse under the claim: %+v", h.Status)
+	}
+	if want := ProviderID(ns, "h1"); out.Status.ProviderID != want || h.Status.ProviderID != want {
+		t.Fatalf("providerID %q / host %q, want %q", out.Status.ProviderID, h.Status.ProviderID, want)
+	}
+	if h.Status.InstalledProfile != "prof@2" {
+		t.Fatalf("install marker %q", h.Status.InstalledProfile)
+	}
+	if h.Status.BootstrapTokenID == "" {
+		t.Fatal("token id not recorded (the host controller deletes it once the Node registers)")
+	}
+	if got := w.ph.phases(); len(got) != 2 || got[0] != engine.PhaseInstall || got[1] != engine.PhaseJoin {
+		t.Fatalf("phases %v", got)
+	}
+	join := w.ph.calls[1].Ctx
+	if join.BootstrapToken == "" || !strings.HasPrefix(join.BootstrapToken, h.Status.BootstrapTokenID+".") {
+		t.Fatalf("join got token %q, host records %q", join.BootstrapToken, h.Status.BootstrapTokenID)
+	}
+	if w.ph.calls[0].Ctx.BootstrapToken != "" {
+		t.Fatal("install must not get the token")
+	}
+	if !strings.HasPrefix(join.Taints, "karpenter.sh/unregistered:NoExecute,") || !strings.Contains(join.Taints, "dedicated=ssh:NoSchedule") {
+		t.Fatalf("taints %q", join.Taints)
+	}
+	if !strings.Contains(join.NodeLabels, "karpenter.sh/nodepool=default") || !strings.Contains(join.NodeLabels, "node.kubernetes.io/instance-type=small") {
+		t.Fatalf("labels %q", join.NodeLabels)
+	}
+	if join.ProviderID != ProviderID(ns, "h1") || join.NodeName != "h1" || join.Vars["k8sMinor"] != "1.36" || join.ClusterEndpoint == "" {
+		t.Fatalf("join context %+v", join)
+	}
+	for k, v := range map[string]string{
+		corev1.LabelInstanceTypeStable: "small", corev1.LabelArchStable: "amd64", corev1.LabelOSStable: "linux",
+		corev1.LabelTopologyZone: "pool", karpv1.CapacityTypeLabelKey: "on-demand",
+	} {
+		if out.Labels[k] != v {
+			t.Errorf("label %s = %q, want %q", k, out.Labels[k], v)
+		}
+	}
+	if out.Annotations[v1beta1.AnnotationNodeClassHash] != NodeClassHash(nodeClass()) || out.Annotations[v1beta1.AnnotationNodeClassHashVersion] != "v1" {
+		t.Fatalf("hash annotations %v", out.Annotations)
+	}
+	if out.Status.Capacity.Cpu().String() != "4" || out.Status.Allocatable.Cpu().MilliValue() != 3920 {
+		t.Fatalf("capacity %v allocatable %v", out.Status.Capacity, out.Status.Allocatable)
+	}
+}
+
+func TestCreateSkipsInstallWhenMarkerCurrent(t *testing.T) {
+	w := newWorld(t, nil, standard(newHost("h1", "small", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "prof@2" }))...)
+	if _, err := w.cp.Create(context.Background(), newNodeClaim("a")); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.ph.phases(); len(got) != 1 || got[0] != engine.PhaseJoin {
+		t.Fatalf("phases %v, want join only", got)
+	}
+	// claim, token id, InUse: three status writes per claim with a warm install.
+	if w.writes != 3 {
+		t.Fatalf("%d host status writes, want 3", w.writes)
+	}
+}
+
+func TestCreateVerdicts(t *testing.T) {
+	notReady := nodeClass(func(nc *v1beta1.SSHNodeClass) {
+		nc.StatusConditions().SetFalse(v1beta1.ConditionReady, v1beta1.ReasonProfileInvalid, "leave uses .Vars")
+	})
+	for _, tc := range []struct {
+		name      string
+		objs      []client.Object
+		claim     *karpv1.NodeClaim
+		results   map[engine.Phase]engine.Result
+		cluster   error
+		mintErr   error
+		wantErr   func(error) bool
+		wantState v1beta1.HostState
+		wantEvent string
+		wantLast  v1beta1.PhaseResult
+	}{
+		{name: "missing node class", objs: []client.Object{joinProfile(), newHost("h1", "small")},
+			wantErr: cloudprovider.IsInsufficientCapacityError, wantState: v1beta1.HostAvailable},
+		{name: "node class not ready", objs: []client.Object{notReady, joinProfile(), newHost("h1", "small")},
+			wantErr: cloudprovider.IsNodeClassNotReadyError, wantState: v1beta1.HostAvailable},
+		{name: "no free host", objs: standard(newHost("h1", "small", func(h *v1beta1.SSHHost) { h.Status.State = v1beta1.HostUnhealthy })),
+			wantErr: cloudprovider.IsInsufficientCapacityError, wantState: v1beta1.HostUnhealthy},
+		{name: "maintenance host never claimed", objs: standard(newHost("h1", "small", func(h *v1beta1.SSHHost) {
+			h.Annotations = map[string]string{v1beta1.AnnotationMaintenance: ""}
+		})), wantErr: cloudprovider.IsInsufficientCapacityError, wantState: v1beta1.HostAvailable},
+		{name: "requirements exclude every class", objs: standard(newHost("h1", "small")),
+			claim: newNodeClaim("c", func(nc *karpv1.NodeClaim) {
+				nc.Spec.Requirements = append(nc.Spec.Requirements, karpv1.NodeSelectorRequirementWithMinValues{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"arm64"}})
+			}), wantErr: cloudprovider.IsInsufficientCapacityError, wantState: v1beta1.HostAvailable},
+		{name: "requests exceed allocatable", objs: standard(newHost("h1", "small")),
+			claim: newNodeClaim("c", func(nc *karpv1.NodeClaim) { nc.Spec.Resources.Requests[corev1.ResourceCPU] = resource.MustParse("8") }),
+			wantErr: cloudprovider.IsInsufficientCapacityError, wantState: v1beta1.HostAvailable},
+		{name: "missing profile → config error, Available", objs: []client.Object{nodeClass(), newHost("h1", "small")},
+			wantErr: isCreateError, wantState: v1beta1.HostAvailable, wantEvent: ReasonJoinFailed},
+		{name: "missing join secret → config error", objs: standard(newHost("h1", "small")),
+			claim: nil, wantErr: isCreateError, wantState: v1beta1.HostAvailable, wantEvent: ReasonJoinFailed},
+		{name: "cluster info error → config error", objs: standard(newHost("h1", "small")), cluster: errors.New("configmap kube-public/cluster-info not found"),
+			wantErr: isCreateError, wantState: v1beta1.HostAvailable, wantEvent: ReasonJoinFailed},
+		{name: "install fails on host → Unhealthy", objs: standard(newHost("h1", "small")),
+			results: map[engine.Phase]engine.Result{engine.PhaseInstall: {Outcome: engine.Failed, FailedTask: "apt", RC: 100, Message: "E: nope", Touched: true}},
+			wantErr: isCreateError, wantState: v1beta1.HostUnhealthy, wantEvent: ReasonJoinFailed, wantLast: v1beta1.PhaseFailed},
+		{name: "install config error → Available", objs: standard(newHost("h1", "small")),
+			results: map[engine.Phase]engine.Result{engine.PhaseInstall: {Outcome: engine.ConfigError, Message: "role not found"}},
+			wantErr: isCreateError, wantState: v1beta1.HostAvailable, wantEvent: ReasonJoinFailed, wantLast: v1beta1.PhaseRejected},
+		{name: "join times out → Unhealthy", objs: standard(newHost("h1", "small")),
+			results: map[engine.Phase]engine.Result{engine.PhaseJoin: {Outcome: engine.TimedOut, FailedTask: "kpssh: join script"}},
+			wantErr: isCreateError, wantState: v1beta1.HostUnhealthy, wantEvent: ReasonJoinFailed, wantLast: v1beta1.PhaseTimedOut},
+		{name: "token mint fails → Available, CreateFailed", objs: standard(newHost("h1", "small")), mintErr: errors.New("forbidden"),
+			wantErr: isCreateError, wantState: v1beta1.HostAvailable, wantEvent: ReasonCreateFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := tc.objs
+			if tc.name == "missing join secret → config error" {
+				objs = []client.Object{nodeClass(func(nc *v1beta1.SSHNodeClass) {
+					nc.Spec.JoinSecretRef = &v1beta1.LocalObjectReference{Name: "absent"}
+				}), joinProfile(), newHost("h1", "small")}
+			}
+			w := newWorld(t, nil, objs...)
+			w.cp.Cluster = fakeCluster{err: tc.cluster}
+			w.tok.mintErr = tc.mintErr
+			for k, v := range tc.results {
+				w.ph.results[k] = v
+			}
+			claim := tc.claim
+			if claim == nil {
+				claim = newNodeClaim("c")
+			}
+			_, err := w.cp.Create(context.Background(), claim)
+			if err == nil || !tc.wantErr(err) {
+				t.Fatalf("err = %v (%T)", err, err)
+			}
+			h := w.host(t, "h1")
+			if h.Status.State != tc.wantState {
+				t.Fatalf("host state %s, want %s", h.Status.State, tc.wantState)
+			}
+			if h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" {
+				t.Fatalf("host still claimed or carries a token: %+v", h.Status)
+			}
+			if w.tok.leaked() != 0 {
+				t.Fatalf("tokens leaked: %v", w.tok.live)
+			}
+			if tc.wantEvent != "" && !contains(w.rec.reasons(), tc.wantEvent) {
+				t.Fatalf("events %v, want %s", w.rec.reasons(), tc.wantEvent)
+			}
+			if tc.wantLast != "" && (h.Status.LastPhase == nil || h.Status.LastPhase.Result != tc.wantLast) {
+				t.Fatalf("lastPhase %+v, want %s", h.Status.LastPhase, tc.wantLast)
+			}
+		})
+	}
+}
+
+func isCreateError(err error) bool {
+	var ce *cloudprovider.CreateError
+	return errors.As(err, &ce)
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestCreateCheapestClassFirstAndOldestHost(t *testing.T) {
+	big := func(h *v1beta1.SSHHost) { h.Spec.Capacity[corev1.ResourceCPU] = resource.MustParse("16") }
+	w := newWorld(t, nil, standard(newHost("b1", "big", big), newHost("s2", "small"), newHost("s1", "small"))...)
+	out, err := w.cp.Create(context.Background(), newNodeClaim("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// small costs 4 × 0.02, big 16 × 0.02; s1 and s2 differ in age by name length → same; then name.
+	if out.Labels[corev1.LabelInstanceTypeStable] != "small" {
+		t.Fatalf("picked %s", out.Labels[corev1.LabelInstanceTypeStable])
+	}
+	if h := w.host(t, "s1"); h.Status.ClaimRef == nil {
+		t.Fatal("oldest (then first by name) small host not claimed")
+	}
+}
+
+func TestCreateClaimConflictMovesOn(t *testing.T) {
+	var once sync.Once
+	funcs := &interceptor.Funcs{SubResourcePatch: func(ctx context.Context, c client.Client, sub string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
+		conflict := false
+		once.Do(func() { conflict = o.GetName() == "s1" })
+		if conflict {
+			// Someone else claimed s1 between our read and our write.
+			other := &v1beta1.SSHHost{}
+			_ = c.Get(ctx, client.ObjectKeyFromObject(o), other)
+			other.Status.ClaimRef = &v1beta1.ClaimRef{Name: "rival", UID: "rival"}
+			other.Status.State = v1beta1.HostClaimed
+			_ = c.Status().Update(ctx, other)
+		}
+		return c.SubResource(sub).Patch(ctx, o, p, opts...)
+	}}
+	w := newWorld(t, funcs, standard(newHost("s1", "small"), newHost("s2", "small"))...)
+	if _, err := w.cp.Create(context.Background(), newNodeClaim("a")); err != nil {
+		t.Fatal(err)
+	}
+	if h := w.host(t, "s1"); h.Status.ClaimRef.Name != "rival" {
+		t.Fatalf("s1 owner %v: the rival's claim was overwritten", h.Status.ClaimRef)
+	}
+	if h := w.host(t, "s2"); h.Status.ClaimRef == nil || h.Status.ClaimRef.Name != "a" {
+		t.Fatalf("loser did not move on to s2: %+v", h.Status.ClaimRef)
+	}
+}
+
+func TestCreateResumesExistingClaim(t *testing.T) {
+	nc := newNodeClaim("a")
+	held := newHost("h2", "small", func(h *v1beta1.SSHHost) {
+		h.Status.State = v1beta1.HostClaimed
+		h.Status.ClaimRef = &v1beta1.ClaimRef{Name: "a", UID: nc.UID}
+		h.Status.InstalledProfile = "prof@2"
+		h.Status.BootstrapTokenID = "zzzzzz" // a join was interrupted by a crash
+	})
+	w := newWorld(t, nil, standard(newHost("h1", "small"), held)...)
+	if _, err := w.cp.Create(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	if h := w.host(t, "h1"); h.Status.ClaimRef != nil {
+		t.Fatal("a second host was claimed instead of resuming")
+	}
+	if h := w.host(t, "h2"); h.Status.State != v1beta1.HostInUse {
+		t.Fatalf("resumed host state %s", h.Status.State)
+	}
+	if !contains(w.tok.deleted, "zzzzzz") {
+		t.Fatal("the interrupted join's token was not deleted")
+	}
+	// Launched already: a second Create returns without running anything.
+	before := len(w.ph.phases())
+	if _, err := w.cp.Create(context.Background(), nc); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.ph.phases()) != before {
+		t.Fatal("phases re-ran for a launched claim")
+	}
+}
+
+func TestCreateClaimLostDuringJoin(t *testing.T) {
+	w := newWorld(t, nil, standard(newHost("h1", "small"))...)
+	w.ph.during = func(ph engine.Phase) {
+		if ph != engine.PhaseJoin {
+			return
+		}
+		// Stale-claim repair released the host while join ran.
+		_, _ = w.cp.Pool.Release(context.Background(), "h1", pool.Claim{Name: "a", UID: "uid-a"}, v1beta1.HostPending, "stale")
+	}
+	_, err := w.cp.Create(context.Background(), newNodeClaim("a"))
+	if err == nil {
+		t.Fatal("create succeeded without its claim")
+	}
+	if h := w.host(t, "h1"); h.Status.State != v1beta1.HostPending || h.Status.ProviderID != "" {
+		t.Fatalf("host %+v: the lost claim's writes landed", h.Status)
+	}
+}
+
+func TestCreateAdopt(t *testing.T) {
+	adopt := nodeClass(func(nc *v1beta1.SSHNodeClass) { nc.Spec.ProviderIDSource = v1beta1.ProviderIDAdopt })
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mi-1"}, Spec: corev1.NodeSpec{ProviderID: "eks-hybrid:///eu/c/mi-1"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}}}
+	w := newWorld(t, nil, adopt, joinProfile(), newHost("h1", "small"), node)
+	out, err := w.cp.Create(context.Background(), newNodeClaim("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Status.ProviderID != "eks-hybrid:///eu/c/mi-1" {
+		t.Fatalf("adopted providerID %q", out.Status.ProviderID)
+	}
+	if w.ph.calls[0].Ctx.ProviderID != "" {
+		t.Fatal("Adopt mode must pass an empty KPSSH_PROVIDER_ID")
+	}
+}
+
+func TestCreateAdoptTimesOut(t *testing.T) {
+	adopt := nodeClass(func(nc *v1beta1.SSHNodeClass) { nc.Spec.ProviderIDSource = v1beta1.ProviderIDAdopt })
+	w := newWorld(t, nil, adopt, joinProfile(), newHost("h1", "small"))
+	w.cp.AdoptTimeout, w.cp.AdoptPoll = 0, time.Millisecond
+	_, err := w.cp.Create(context.Background(), newNodeClaim("a"))
+	if err == nil || !isCreateError(err) {
+		t.Fatalf("err %v", err)
+	}
+	h := w.host(t, "h1")
+	if h.Status.State != v1beta1.HostUnhealthy || !contains(w.rec.reasons(), ReasonAdoptFailed) || w.tok.leaked() != 0 {
+		t.Fatalf("state %s events %v tokens %v", h.Status.State, w.rec.reasons(), w.tok.live)
+	}
+}
+
+// --- Delete -----------------------------------------------------------
+
+func inUse(claim *karpv1.NodeClaim) func(*v1beta1.SSHHost) {
+	return func(h *v1beta1.SSHHost) {
+		h.Status.State = v1beta1.HostInUse
+		h.Status.ClaimRef = &v1beta1.ClaimRef{Name: claim.Name, UID: claim.UID}
+		h.Status.ProviderID = ProviderID(ns, h.Name)
+		h.Status.InstalledProfile = "prof@2"
+		h.Status.BootstrapTokenID = "eeeeee"
+	}
+}
+
+func TestDelete(t *testing.T) {
+	claim := newNodeClaim("a")
+	for _, tc := range []struct {
+		name      string
+		host      *v1beta1.SSHHost
+		del       *karpv1.NodeClaim
+		leave     *engine.Result
+		objs      []client.Object
+		wantErr   func(error) bool
+		wantState v1beta1.HostState
+		wantLeave string // profile whose leave ran; "" = none
+	}{
+		{name: "leave ok → Available", host: newHost("h1", "small", inUse(claim)), del: claim,
+			wantState: v1beta1.HostAvailable, wantLeave: "prof"},
+		{name: "leave fails → Unhealthy", host: newHost("h1", "small", inUse(claim)), del: claim,
+			leave: &engine.Result{Outcome: engine.Failed, FailedTask: "stop"}, wantState: v1beta1.HostUnhealthy, wantLeave: "prof"},
+		{name: "UID mismatch (successor) → NotFound, untouched", host: newHost("h1", "small", inUse(newNodeClaim("a", func(nc *karpv1.NodeClaim) { nc.UID = "successor" }))),
+			del: claim, wantErr: cloudprovider.IsNodeClaimNotFoundError, wantState: v1beta1.HostInUse},
+		{name: "name mismatch → NotFound", host: newHost("h1", "small", inUse(newNodeClaim("b"))), del: claim,
+			wantErr: cloudprovider.IsNodeClaimNotFoundError, wantState: v1beta1.HostInUse},
+		{name: "profile deleted → fallback leave", host: newHost("h1", "small", inUse(claim)), del: claim,
+			objs: []client.Object{nodeClass()}, wantState: v1beta1.HostAvailable, wantLeave: "kpssh-fallback-leave"},
+		{name: "claimed, never joined → no leave", host: newHost("h1", "small", func(h *v1beta1.SSHHost) {
+			h.Status.State = v1beta1.HostClaimed
+			h.Status.ClaimRef = &v1beta1.ClaimRef{Name: claim.Name, UID: claim.UID}
+		}), del: claim, wantState: v1beta1.HostAvailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := tc.objs
+			if objs == nil {
+				objs = standard()
+			}
+			w := newWorld(t, nil, append(objs, tc.host)...)
+			if tc.leave != nil {
+				w.ph.results[engine.PhaseLeave] = *tc.leave
+			}
+			err := w.cp.Delete(context.Background(), tc.del)
+			if tc.wantErr != nil {
+				if err == nil || !tc.wantErr(err) {
+					t.Fatalf("err %v", err)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			h := w.host(t, "h1")
+			if h.Status.State != tc.wantState {
+				t.Fatalf("state %s, want %s", h.Status.State, tc.wantState)
+			}
+			var ran string
+			for _, c := range w.ph.calls {
+				if c.Phase == engine.PhaseLeave {
+					ran = c.Prof
+					if c.Ctx.Vars != nil || c.Ctx.Secrets != nil || c.Ctx.BootstrapToken != "" || c.Ctx.HostAddress == "" {
+						t.Fatalf("leave context not empty: %+v", c.Ctx)
+					}
+				}
+			}
+			if ran != tc.wantLeave {
+				t.Fatalf("leave ran with %q, want %q", ran, tc.wantLeave)
+			}
+			if tc.wantErr == nil {
+				if h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" || h.Status.ProviderID != "" {
+					t.Fatalf("not released: %+v", h.Status)
+				}
+				// The next call (Karpenter keeps calling until NotFound) is NotFound.
+				if err := w.cp.Delete(context.Background(), tc.del); !cloudprovider.IsNodeClaimNotFoundError(err) {
+					t.Fatalf("second delete: %v", err)
+				}
+			} else if len(w.tok.deleted) != 0 || len(w.ph.calls) != 0 {
+				t.Fatalf("fenced delete had side effects: tokens %v phases %v", w.tok.deleted, w.ph.phases())
+			}
+		})
+	}
+}
+
+// The seed's late-Delete-after-reclaim sequence: NodeClaim a is deleted,
+// its host released and re-claimed by b; a's Delete arrives again late.
+func TestLateDeleteAfterReclaimLeavesSuccessorUntouched(t *testing.T) {
+	a, b := newNodeClaim("a"), newNodeClaim("b")
+	w := newWorld(t, nil, standard(newHost("h1", "small", inUse(a)))...)
+	if err := w.cp.Delete(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.cp.Create(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	calls := len(w.ph.calls)
+	if err := w.cp.Delete(context.Background(), a); !cloudprovider.IsNodeClaimNotFoundError(err) {
+		t.Fatalf("late delete: %v", err)
+	}
+	h := w.host(t, "h1")
+	if h.Status.State != v1beta1.HostInUse || h.Status.ClaimRef.Name != "b" || len(w.ph.calls) != calls {
+		t.Fatalf("successor disturbed: %+v, calls %d→%d", h.Status, calls, len(w.ph.calls))
+	}
+}
+
+// --- Get / List / GetInstanceTypes / IsDrifted --------------------------
+
+func TestGetAndList(t *testing.T) {
+	a := newNodeClaim("a")
+	mid := newHost("h2", "small", func(h *v1beta1.SSHHost) {
+		h.Status.State = v1beta1.HostClaimed
+		h.Status.ClaimRef = &v1beta1.ClaimRef{Name: "b", UID: "uid-b"}
+	})
+	w := newWorld(t, nil, standard(newHost("h1", "small", inUse(a)), mid, newHost("h3", "small"))...)
+	got, err := w.cp.Get(context.Background(), ProviderID(ns, "h1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Name != "a" || got.UID != a.UID || got.Labels[corev1.LabelInstanceTypeStable] != "small" {
+		t.Fatalf("get %+v", got)
+	}
+	for _, id := range []string{ProviderID(ns, "h3"), ProviderID(ns, "h2"), "aws:///x", ""} {
+		if _, err := w.cp.Get(context.Background(), id); !cloudprovider.IsNodeClaimNotFoundError(err) {
+			t.Fatalf("get %q: %v", id, err)
+		}
+	}
+	list, err := w.cp.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Status.ProviderID != ProviderID(ns, "h1") {
+		t.Fatalf("list %+v", list)
+	}
+}
+
+func TestGetInstanceTypes(t *testing.T) {
+	arm := func(h *v1beta1.SSHHost) { h.Status.ObservedArch = "arm64" }
+	unprobed := func(h *v1beta1.SSHHost) { h.Status.ObservedArch = ""; h.Status.State = v1beta1.HostPending }
+	taken := func(h *v1beta1.SSHHost) {
+		h.Status.State = v1beta1.HostInUse
+		h.Status.ClaimRef = &v1beta1.ClaimRef{Name: "x", UID: "x"}
+	}
+	w := newWorld(t, nil, standard(
+		newHost("a1", "mixed"), newHost("a2", "mixed", arm), // mixed arch → skipped
+		newHost("n1", "new", unprobed), // never probed → not advertised
+		newHost("f1", "full", taken),   // exhausted → advertised, unavailable
+		newHost("s1", "small"),
+	)...)
+	pools := map[string]*karpv1.NodePool{
+		"ours":  {Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{NodeClassRef: &karpv1.NodeClassReference{Group: v1beta1.Group, Kind: "SSHNodeClass", Name: "pool"}}}}},
+		"other": {Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.k8s.aws", Kind: "EC2NodeClass", Name: "pool"}}}}},
+		"gone":  {Spec: karpv1.NodePoolSpec{Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{NodeClassRef: &karpv1.NodeClassReference{Group: v1beta1.Group, Kind: "SSHNodeClass", Name: "missing"}}}}},
+	}
+	its, err := w.cp.GetInstanceTypes(context.Background(), pools["ours"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, it := range its {
+		got[it.Name] = it.Offerings[0].Available
+	}
+	if len(got) != 2 || got["small"] != true || got["full"] != false {
+		t.Fatalf("instance types %v (want small available, full unavailable; mixed and new absent)", got)
+	}
+	for _, name := range []string{"other", "gone"} {
+		if its, err := w.cp.GetInstanceTypes(context.Background(), pools[name]); err != nil || len(its) != 0 {
+			t.Fatalf("%s: %v %v", name, its, err)
+		}
+	}
+}
+
+func TestIsDrifted(t *testing.T) {
+	a := newNodeClaim("a", func(nc *karpv1.NodeClaim) { nc.Status.ProviderID = ProviderID(ns, "h1") })
+	stamp := func(nc *karpv1.NodeClaim, hash string) *karpv1.NodeClaim {
+		nc = nc.DeepCopy()
+		nc.Annotations = map[string]string{v1beta1.AnnotationNodeClassHash: hash, v1beta1.AnnotationNodeClassHashVersion: NodeClassHashVersion}
+		return nc
+	}
+	cur := NodeClassHash(nodeClass())
+	for _, tc := range []struct {
+		name   string
+		marker string
+		claim  *karpv1.NodeClaim
+		want   cloudprovider.DriftReason
+	}{
+		{"current", "prof@2", stamp(a, cur), ""},
+		{"profile bumped", "prof@1", stamp(a, cur), ProfileDrift},
+		{"node class changed", "prof@2", stamp(a, "123"), NodeClassDrift},
+		{"unstamped abstains", "prof@2", a, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHost("h1", "small", inUse(a), func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = tc.marker })
+			w := newWorld(t, nil, standard(h)...)
+			got, err := w.cp.IsDrifted(context.Background(), tc.claim)
+			if err != nil || got != tc.want {
+				t.Fatalf("drift %q err %v, want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRebootNotImplemented(t *testing.T) {
+	w := newWorld(t, nil)
+	var ni *cloudprovider.NodeRebootNotImplementedError
+	if err := w.cp.Reboot(context.Background(), newNodeClaim("a"), "op"); !errors.As(err, &ni) {
+		t.Fatalf("reboot: %v", err)
+	}
+	if w.cp.Name() != "ssh" || len(w.cp.GetSupportedNodeClasses()) != 1 {
+		t.Fatal("name / node classes")
+	}
+	var _ status.Object = w.cp.GetSupportedNodeClasses()[0]
+}
+
+func TestNodeLabelsDropKubeletForbidden(t *testing.T) {
+	nc := newNodeClaim("a", func(nc *karpv1.NodeClaim) {
+		nc.Labels["node-restriction.kubernetes.io/x"] = "1"
+		nc.Labels["kubernetes.io/custom"] = "1"
+		nc.Labels["node.kubernetes.io/role"] = "ssh"
+		nc.Labels["example.com/team"] = "a"
+	})
+	w := newWorld(t, nil, standard(newHost("h1", "small"))...)
+	its, _, err := w.cp.instanceTypes(context.Background(), nodeClass())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := NodeLabels(nc, its[0])
+	for _, bad := range []string{"node-restriction.kubernetes.io/x", "kubernetes.io/custom"} {
+		if strings.Contains(got, bad) {
+			t.Errorf("%s passed to kubelet: %s", bad, got)
+		}
+	}
+	for _, good := range []string{"node.kubernetes.io/role=ssh", "example.com/team=a", "kubernetes.io/arch=amd64", "karpenter.sh/nodepool=default"} {
+		if !strings.Contains(got, good) {
+			t.Errorf("%s missing: %s", good, got)
+		}
+	}
+}

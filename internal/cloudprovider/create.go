@@ -1,0 +1,409 @@
+package cloudprovider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+	"sigs.k8s.io/karpenter/pkg/scheduling"
+	"sigs.k8s.io/karpenter/pkg/utils/resources"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/profile"
+	"github.com/dklesev/kpssh/internal/providers/pool"
+)
+
+// UnregisteredTaint is the first taint every joining kubelet registers with:
+// Karpenter removes it once it has synced the NodeClaim onto the Node.
+const UnregisteredTaint = karpv1.UnregisteredTaintKey + ":NoExecute"
+
+// Create implements cloudprovider.CloudProvider: claim a host (or resume the
+// claim this NodeClaim already holds), then install (when the cache marker
+// differs), mint a bootstrap token, record its id, join, adopt, record the
+// providerID. Every failure releases the host and deletes the token.
+func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim) (*karpv1.NodeClaim, error) {
+	if !ours(nodeClaim.Spec.NodeClassRef) {
+		return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("node class reference %v is not an SSHNodeClass", nodeClaim.Spec.NodeClassRef))
+	}
+	nc, err := c.nodeClass(ctx, nodeClaim.Spec.NodeClassRef)
+	if err != nil {
+		return nil, err
+	}
+	if nc == nil {
+		return nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("SSHNodeClass %q not found", nodeClaim.Spec.NodeClassRef.Name))
+	}
+	if cond := nc.StatusConditions().Get(v1beta1.ConditionReady); cond != nil && cond.IsFalse() {
+		return nil, cloudprovider.NewNodeClassNotReadyError(fmt.Errorf("SSHNodeClass %s is not ready: %s: %s", nc.Name, cond.Reason, cond.Message))
+	}
+	claim := pool.Claim{Name: nodeClaim.Name, UID: nodeClaim.UID}
+
+	its, hosts, err := c.instanceTypes(ctx, nc)
+	if err != nil {
+		return nil, cloudprovider.NewCreateError(err, "InstanceTypesFailed", err.Error())
+	}
+	// Resume: a crash (or a failed status write) after the claim leaves the
+	// host held by this NodeClaim; never claim a second one. Live read: the
+	// cache may not have seen our own claim yet.
+	h, err := c.heldBy(ctx, claim)
+	if err != nil {
+		return nil, err
+	}
+	var it *cloudprovider.InstanceType
+	if h != nil {
+		it = byName(its, h.Class())
+		if h.Status.State == v1beta1.HostInUse && h.Status.ProviderID != "" && it != nil {
+			return c.hydrate(nodeClaim, h, it, nc), nil // already launched
+		}
+	} else {
+		h, it, err = c.claim(ctx, nodeClaim, its, hosts, claim)
+		if err != nil {
+			return nil, err
+		}
+	}
+	unlock := c.lock(h.Name)
+	defer unlock()
+	if it == nil {
+		msg := fmt.Sprintf("host %s's class %q is no longer offered by node class %s", h.Name, h.Class(), nc.Name)
+		return nil, c.fail(ctx, nodeClaim, h, claim, failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: msg})
+	}
+	return c.launch(ctx, nodeClaim, nc, h, it, claim)
+}
+
+// claim picks the cheapest compatible class with a free host and claims the
+// oldest free host of it; a lost race moves on to the next candidate.
+func (c *CloudProvider) claim(ctx context.Context, nodeClaim *karpv1.NodeClaim, its []*cloudprovider.InstanceType, hosts []v1beta1.SSHHost, claim pool.Claim) (*v1beta1.SSHHost, *cloudprovider.InstanceType, error) {
+	compatible := Compatible(nodeClaim, its)
+	if len(compatible) == 0 {
+		return nil, nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("no host class of node class %s fits the NodeClaim's requirements and requests", nodeClaim.Spec.NodeClassRef.Name))
+	}
+	for _, it := range compatible {
+		h, err := c.Pool.ClaimOne(ctx, pool.Candidates(hosts, it.Name), claim)
+		if errors.Is(err, pool.ErrNoHost) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		if c.claimed != nil {
+			c.claimed(nodeClaim.Name)
+		}
+		logFor(ctx, nodeClaim).Info("claimed host", "host", h.Name, "class", it.Name)
+		return h, it, nil
+	}
+	return nil, nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("no free host in host classes %s", names(compatible)))
+}
+
+// Compatible filters instance types (cheapest first, as given) by the
+// NodeClaim's requirements, available offerings and resource requests.
+func Compatible(nodeClaim *karpv1.NodeClaim, its []*cloudprovider.InstanceType) []*cloudprovider.InstanceType {
+	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(nodeClaim.Spec.Requirements...)
+	var out []*cloudprovider.InstanceType
+	for _, it := range its {
+		if reqs.Compatible(it.Requirements, scheduling.AllowUndefinedWellKnownLabels) != nil {
+			continue
+		}
+		if len(it.Offerings.Available().Compatible(reqs)) == 0 {
+			continue
+		}
+		if !resources.Fits(nodeClaim.Spec.Resources.Requests, it.Allocatable()) {
+			continue
+		}
+		out = append(out, it)
+	}
+	return out
+}
+
+// heldBy finds the host claim holds with a live read selected by the claim
+// UID (a selectable field of the CRD): consistent, and one object instead of
+// the pool. Name and UID must both match (the fence).
+func (c *CloudProvider) heldBy(ctx context.Context, claim pool.Claim) (*v1beta1.SSHHost, error) {
+	list := &v1beta1.SSHHostList{}
+	if err := c.Live.List(ctx, list, client.InNamespace(c.Pool.Namespace),
+		client.MatchingFields{v1beta1.FieldClaimUID: string(claim.UID)}); err != nil {
+		return nil, err
+	}
+	for i := range list.Items {
+		if claim.Holds(&list.Items[i]) {
+			return &list.Items[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// launch runs the phases on a held host.
+func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim, nc *v1beta1.SSHNodeClass, h *v1beta1.SSHHost, it *cloudprovider.InstanceType, claim pool.Claim) (*karpv1.NodeClaim, error) {
+	// A resumed claim may carry the token of an interrupted join: it is
+	// dead weight now (the join re-runs with a fresh one).
+	if h.Status.BootstrapTokenID != "" {
+		if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil {
+			return nil, err
+		}
+	}
+	prof, err := c.profile(ctx, nc.Spec.JoinProfileRef.Name)
+	if err != nil {
+		return nil, err
+	}
+	if prof == nil {
+		return nil, c.fail(ctx, nodeClaim, h, claim, configFailure(fmt.Sprintf("SSHJoinProfile %q not found", nc.Spec.JoinProfileRef.Name)))
+	}
+	secrets, err := c.joinSecrets(ctx, nc)
+	if err != nil {
+		return nil, c.fail(ctx, nodeClaim, h, claim, configFailure(err.Error()))
+	}
+	info, err := c.Cluster.Get(ctx, nc)
+	if err != nil {
+		return nil, c.fail(ctx, nodeClaim, h, claim, configFailure(err.Error()))
+	}
+	redact := secretValues(secrets)
+	pc := engine.Context{
+		ClusterEndpoint: info.Endpoint,
+		ClusterCAB64:    info.CAB64,
+		NodeName:        h.Name,
+		HostAddress:     h.Spec.Address,
+		NodeAddress:     nodeAddress(h),
+		NodeLabels:      NodeLabels(nodeClaim, it),
+		Taints:          Taints(nodeClaim),
+		Vars:            profile.Vars(prof, nc),
+		Secrets:         secrets,
+	}
+	static := nc.Spec.ProviderIDSource != v1beta1.ProviderIDAdopt
+	if static {
+		pc.ProviderID = ProviderID(h.Namespace, h.Name)
+	}
+
+	if h.Status.InstalledProfile != prof.Marker() {
+		out := c.Phases.Run(ctx, h, prof, engine.PhaseInstall, pc, redact)
+		if !out.OK() {
+			return nil, c.fail(ctx, nodeClaim, h, claim, phaseFailure(engine.PhaseInstall, out))
+		}
+		if h, err = c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {
+			h.Status.InstalledProfile = prof.Marker()
+			h.Status.LastPhase = out.LastPhase
+		}); err != nil {
+			return nil, c.lost(ctx, nodeClaim, err)
+		}
+	}
+
+	tok, err := c.Tokens.Mint(ctx, nodeClaim.Name)
+	if err != nil {
+		return nil, c.fail(ctx, nodeClaim, h, claim, failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: "mint bootstrap token: " + err.Error()})
+	}
+	// Record the id before the join: whatever happens next, the token is
+	// findable (and deletable) from the host.
+	if h, err = c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) { h.Status.BootstrapTokenID = tok.ID }); err != nil {
+		_ = c.Tokens.Delete(ctx, tok.ID)
+		return nil, c.lost(ctx, nodeClaim, err)
+	}
+	pc.BootstrapToken = tok.String()
+	redact = append(redact, tok.String(), tok.Secret)
+	out := c.Phases.Run(ctx, h, prof, engine.PhaseJoin, pc, redact)
+	if !out.OK() {
+		return nil, c.fail(ctx, nodeClaim, h, claim, phaseFailure(engine.PhaseJoin, out))
+	}
+
+	providerID := pc.ProviderID
+	if !static {
+		providerID, err = c.adopt(ctx, h)
+		if err != nil {
+			f := failure{event: ReasonAdoptFailed, state: v1beta1.HostUnhealthy, msg: err.Error(), lastPhase: out.LastPhase}
+			return nil, c.fail(ctx, nodeClaim, h, claim, f)
+		}
+	}
+	if h, err = c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {
+		h.Status.ProviderID = providerID
+		h.Status.LastPhase = out.LastPhase
+		h.SetState(v1beta1.HostInUse, "joined as NodeClaim "+nodeClaim.Name, metav1.NewTime(c.Clock.Now()))
+	}); err != nil {
+		return nil, c.lost(ctx, nodeClaim, err)
+	}
+	logFor(ctx, nodeClaim).Info("host joined", "host", h.Name, "providerID", providerID)
+	return c.hydrate(nodeClaim, h, it, nc), nil
+}
+
+// joinSecrets reads the node class's joinSecretRef (pool namespace).
+func (c *CloudProvider) joinSecrets(ctx context.Context, nc *v1beta1.SSHNodeClass) (map[string]string, error) {
+	if nc.Spec.JoinSecretRef == nil || nc.Spec.JoinSecretRef.Name == "" {
+		return nil, nil
+	}
+	s := &corev1.Secret{}
+	key := client.ObjectKey{Namespace: c.Pool.Namespace, Name: nc.Spec.JoinSecretRef.Name}
+	if err := c.Live.Get(ctx, key, s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("join secret %s/%s of node class %s not found", key.Namespace, key.Name, nc.Name)
+		}
+		return nil, fmt.Errorf("read join secret %s/%s: %w", key.Namespace, key.Name, err)
+	}
+	out := make(map[string]string, len(s.Data)+len(s.StringData))
+	for k, v := range s.Data {
+		if !engine.IsIdentifier(k) {
+			// The value is never quoted: only the key name is.
+			return nil, fmt.Errorf("join secret %s/%s: key %q is not a shell identifier (KPSSH_SECRET_<KEY>)", key.Namespace, key.Name, k)
+		}
+		out[k] = string(v)
+	}
+	return out, nil
+}
+
+func secretValues(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+func nodeAddress(h *v1beta1.SSHHost) string {
+	if h.Spec.NodeAddress != "" {
+		return h.Spec.NodeAddress
+	}
+	return h.Spec.Address
+}
+
+// NodeLabels is KPSSH_NODE_LABELS: the NodeClaim's labels plus the instance
+// type's single-valued ones, as `k=v,…` sorted, minus what a kubelet may not
+// set on itself (kubernetes.io/k8s.io labels outside the kubelet's allowed
+// set make kubelet refuse to start; Karpenter syncs those onto the Node).
+func NodeLabels(nodeClaim *karpv1.NodeClaim, it *cloudprovider.InstanceType) string {
+	labels := map[string]string{}
+	for k, v := range singleValued(it) {
+		labels[k] = v
+	}
+	for k, v := range nodeClaim.Labels {
+		labels[k] = v
+	}
+	var out []string
+	for k, v := range labels {
+		if kubeletMaySet(k) {
+			out = append(out, k+"="+v)
+		}
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+// kubeletLabels are the kubernetes.io labels a kubelet may set on itself.
+var kubeletLabels = map[string]bool{
+	corev1.LabelHostname: true, corev1.LabelArchStable: true, corev1.LabelOSStable: true,
+	corev1.LabelInstanceTypeStable: true, corev1.LabelInstanceType: true,
+	corev1.LabelTopologyZone: true, corev1.LabelTopologyRegion: true,
+	corev1.LabelFailureDomainBetaZone: true, corev1.LabelFailureDomainBetaRegion: true,
+	"beta.kubernetes.io/arch": true, "beta.kubernetes.io/os": true,
+}
+
+func kubeletMaySet(key string) bool {
+	domain, _, ok := strings.Cut(key, "/")
+	if !ok {
+		return true
+	}
+	if !(domain == "kubernetes.io" || strings.HasSuffix(domain, ".kubernetes.io") || domain == "k8s.io" || strings.HasSuffix(domain, ".k8s.io")) {
+		return true
+	}
+	if kubeletLabels[key] {
+		return true
+	}
+	// kubelet.kubernetes.io/ and node.kubernetes.io/ subdomains are allowed;
+	// node-restriction.kubernetes.io/ is reserved for admins.
+	return (domain == "kubelet.kubernetes.io" || domain == "node.kubernetes.io" ||
+		strings.HasSuffix(domain, ".kubelet.kubernetes.io") || strings.HasSuffix(domain, ".node.kubernetes.io")) &&
+		domain != "node-restriction.kubernetes.io"
+}
+
+// Taints is KPSSH_TAINTS: karpenter.sh/unregistered:NoExecute first, then
+// the NodeClaim's taints and startup taints (`key[=value]:Effect`).
+func Taints(nodeClaim *karpv1.NodeClaim) string {
+	out := []string{UnregisteredTaint}
+	for _, list := range [][]corev1.Taint{nodeClaim.Spec.Taints, nodeClaim.Spec.StartupTaints} {
+		for _, t := range list {
+			if t.Key == karpv1.UnregisteredTaintKey {
+				continue
+			}
+			s := t.Key
+			if t.Value != "" {
+				s += "=" + t.Value
+			}
+			out = append(out, s+":"+string(t.Effect))
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+func byName(its []*cloudprovider.InstanceType, name string) *cloudprovider.InstanceType {
+	for _, it := range its {
+		if it.Name == name {
+			return it
+		}
+	}
+	return nil
+}
+
+func names(its []*cloudprovider.InstanceType) string {
+	out := make([]string, len(its))
+	for i, it := range its {
+		out[i] = it.Name
+	}
+	return strings.Join(out, ", ")
+}
+
+// hydrate is the launched NodeClaim Karpenter gets back.
+func (c *CloudProvider) hydrate(nodeClaim *karpv1.NodeClaim, h *v1beta1.SSHHost, it *cloudprovider.InstanceType, nc *v1beta1.SSHNodeClass) *karpv1.NodeClaim {
+	out := nodeClaim.DeepCopy()
+	out.Status.ProviderID = h.Status.ProviderID
+	if out.Labels == nil {
+		out.Labels = map[string]string{}
+	}
+	for k, v := range singleValued(it) {
+		out.Labels[k] = v
+	}
+	out.Labels[v1beta1.LabelHostClass] = h.Class()
+	if out.Annotations == nil {
+		out.Annotations = map[string]string{}
+	}
+	out.Annotations[v1beta1.AnnotationNodeClassHash] = NodeClassHash(nc)
+	out.Annotations[v1beta1.AnnotationNodeClassHashVersion] = NodeClassHashVersion
+	out.Status.Capacity = it.Capacity.DeepCopy()
+	out.Status.Allocatable = it.Allocatable()
+	return out
+}
+
+// hostNodeClaim describes a claimed host for Get/List.
+func (c *CloudProvider) hostNodeClaim(ctx context.Context, h *v1beta1.SSHHost) *karpv1.NodeClaim {
+	nc := &karpv1.NodeClaim{}
+	if r := h.Status.ClaimRef; r != nil {
+		nc.Name, nc.UID = r.Name, r.UID
+	}
+	nc.CreationTimestamp = h.CreationTimestamp
+	nc.Status.ProviderID = h.Status.ProviderID
+	nc.Labels = map[string]string{
+		corev1.LabelInstanceTypeStable: h.Class(),
+		v1beta1.LabelHostClass:         h.Class(),
+		corev1.LabelTopologyZone:       "pool",
+		karpv1.CapacityTypeLabelKey:    karpv1.CapacityTypeOnDemand,
+		corev1.LabelOSStable:           string(corev1.Linux),
+	}
+	if h.Status.ObservedArch != "" {
+		nc.Labels[corev1.LabelArchStable] = h.Status.ObservedArch
+	}
+	nc.Status.Capacity = h.Spec.Capacity.DeepCopy()
+	return nc
+}
+
+// singleValued is the instance type's requirements that pin one value
+// (instance-type, arch, os, zone, capacity-type): the labels a Node of it has.
+func singleValued(it *cloudprovider.InstanceType) map[string]string {
+	out := map[string]string{}
+	for _, r := range it.Requirements.Values() {
+		if r.Operator() == corev1.NodeSelectorOpIn && r.Len() == 1 {
+			out[r.Key] = r.Values()[0]
+		}
+	}
+	return out
+}

@@ -1,0 +1,76 @@
+package cloudprovider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/providers/leave"
+	"github.com/dklesev/kpssh/internal/providers/phase"
+	"github.com/dklesev/kpssh/internal/providers/pool"
+)
+
+// Delete implements cloudprovider.CloudProvider: run leave with the profile
+// named by the host's install marker (empty context), delete the token,
+// release the host (Available after a clean leave, Unhealthy otherwise).
+// Fenced: only the host whose claimRef carries this NodeClaim's name AND
+// UID is touched; anything else is NodeClaimNotFound with no side effects,
+// so a late Delete never runs leave on a successor's node.
+func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim) error {
+	claim := pool.Claim{Name: nodeClaim.Name, UID: nodeClaim.UID}
+	h, err := c.heldBy(ctx, claim)
+	if err != nil {
+		return err
+	}
+	if h == nil {
+		return cloudprovider.NewNodeClaimNotFoundError(fmt.Errorf("no host is claimed by NodeClaim %s (uid %s)", nodeClaim.Name, nodeClaim.UID))
+	}
+	unlock := c.lock(h.Name)
+	defer unlock()
+	// Re-read under the lock: a Create that held it may have released.
+	if h, err = c.heldBy(ctx, claim); err != nil {
+		return err
+	} else if h == nil {
+		return cloudprovider.NewNodeClaimNotFoundError(fmt.Errorf("no host is claimed by NodeClaim %s (uid %s)", nodeClaim.Name, nodeClaim.UID))
+	}
+
+	state, msg := v1beta1.HostAvailable, "released by NodeClaim "+nodeClaim.Name
+	var lastPhase *v1beta1.LastPhase
+	// A host that never got to join has nothing to leave: the claim
+	// happened, install may have run, but no kubelet was started.
+	if h.Status.State == v1beta1.HostInUse || h.Status.BootstrapTokenID != "" {
+		prof, err := leave.Profile(ctx, c.Client, h)
+		if err != nil {
+			return err
+		}
+		out := c.Phases.Run(ctx, h, prof, engine.PhaseLeave, leave.EmptyContext(h), nil)
+		lastPhase = out.LastPhase
+		if !out.OK() {
+			state, msg = v1beta1.HostUnhealthy, phase.Summary(engine.PhaseLeave, out.Result)
+		}
+	}
+	if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil {
+		return err
+	}
+	if _, err := c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {
+		pool.Released(h, state, msg, metav1.NewTime(c.Clock.Now()))
+		if lastPhase != nil {
+			h.Status.LastPhase = lastPhase
+		}
+	}); err != nil {
+		if errors.Is(err, pool.ErrClaimLost) {
+			// Someone else (stale-claim repair) released it meanwhile.
+			return cloudprovider.NewNodeClaimNotFoundError(err)
+		}
+		return fmt.Errorf("release host %s: %w", h.Name, err) // core retries
+	}
+	logFor(ctx, nodeClaim).Info("host left", "host", h.Name, "state", state)
+	return nil
+}
+

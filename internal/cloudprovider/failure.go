@@ -1,0 +1,98 @@
+package cloudprovider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/providers/phase"
+	"github.com/dklesev/kpssh/internal/providers/pool"
+)
+
+// failure says how a launch ended badly and where the host goes.
+type failure struct {
+	event     string
+	state     v1beta1.HostState // Available: host untouched; Unhealthy: host-side
+	msg       string
+	lastPhase *v1beta1.LastPhase
+}
+
+func configFailure(msg string) failure {
+	return failure{event: ReasonJoinFailed, state: v1beta1.HostAvailable, msg: msg}
+}
+
+func phaseFailure(ph engine.Phase, out phase.Outcome) failure {
+	f := failure{event: ReasonJoinFailed, state: v1beta1.HostAvailable, msg: phase.Summary(ph, out.Result), lastPhase: out.LastPhase}
+	if out.HostSide() {
+		f.state = v1beta1.HostUnhealthy
+	}
+	return f
+}
+
+// fail releases the host as f says (deleting the bootstrap token it
+// carries), emits the NodeClaim event and returns the error for Karpenter:
+// a CreateError, so the NodeClaim shows why and Karpenter retries — on
+// another host, since this one is no longer held.
+func (c *CloudProvider) fail(ctx context.Context, nodeClaim *karpv1.NodeClaim, h *v1beta1.SSHHost, claim pool.Claim, f failure) error {
+	logFor(ctx, nodeClaim).Info("launch failed; releasing host", "host", h.Name, "releaseTo", f.state, "reason", f.event, "message", f.msg)
+	c.Recorder.Publish(nodeClaimFailed(nodeClaim, f.event, fmt.Sprintf("host %s: %s", h.Name, f.msg)))
+	var errs []error
+	// Token first: the release clears the id that makes it findable.
+	if cur, err := c.heldBy(ctx, claim); err == nil && cur != nil && cur.Status.BootstrapTokenID != "" {
+		if err := c.Tokens.Delete(ctx, cur.Status.BootstrapTokenID); err != nil {
+			errs = append(errs, err)
+		}
+	} else if err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		_, err := c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {
+			pool.Released(h, f.state, f.msg, metav1.NewTime(c.Clock.Now()))
+			if f.lastPhase != nil {
+				h.Status.LastPhase = f.lastPhase
+			}
+		})
+		if err != nil && !errors.Is(err, pool.ErrClaimLost) {
+			errs = append(errs, fmt.Errorf("release host %s: %w", h.Name, err))
+		}
+	}
+	err := fmt.Errorf("host %s: %s", h.Name, f.msg)
+	if len(errs) > 0 {
+		// Not released: the retry resumes this claim and fails or succeeds again.
+		err = errors.Join(append([]error{err}, errs...)...)
+	}
+	return cloudprovider.NewCreateError(err, f.event, truncateMsg(err.Error()))
+}
+
+// lost handles a claim that vanished under a launch (the host was released
+// by a stale-claim repair or a Delete): nothing to release.
+func (c *CloudProvider) lost(ctx context.Context, nodeClaim *karpv1.NodeClaim, err error) error {
+	if errors.Is(err, pool.ErrClaimLost) {
+		c.Recorder.Publish(nodeClaimFailed(nodeClaim, ReasonCreateFailed, "the host claim was lost during launch"))
+		return cloudprovider.NewCreateError(err, ReasonCreateFailed, "the host claim was lost during launch")
+	}
+	return err
+}
+
+func truncateMsg(s string) string {
+	if len(s) > 1024 {
+		return s[:1021] + "..."
+	}
+	return s
+}
+
+// lock serialises Create and Delete of the same host within this process
+// (a NodeClaim deleted mid-launch must not run leave beside join).
+func (c *CloudProvider) lock(host string) func() {
+	v, _ := c.locks.LoadOrStore(host, &sync.Mutex{})
+	m := v.(*sync.Mutex)
+	m.Lock()
+	return m.Unlock
+}

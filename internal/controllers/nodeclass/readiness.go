@@ -1,0 +1,125 @@
+package nodeclass
+
+import (
+	"context"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/awslabs/operatorpkg/status"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/profile"
+)
+
+// Ready condition reasons (the API's constants; runbooks match on them).
+const (
+	ReasonReady           = status.ConditionReady
+	ReasonProfileNotFound = v1beta1.ReasonProfileNotFound
+	ReasonProfileInvalid  = v1beta1.ReasonProfileInvalid
+	ReasonSelectorError   = v1beta1.ReasonSelectorError
+	ReasonNoHosts         = v1beta1.ReasonNoHosts
+)
+
+// maxMessage bounds a condition message (the CRD allows 32768; a template
+// error quoting a 256 KiB script must not come close).
+const maxMessage = 1024
+
+// verdict is what the checks concluded: Ready, or the first reason not to be.
+type verdict struct {
+	ready           bool
+	reason, message string
+}
+
+func notReady(reason, format string, args ...any) verdict {
+	msg := fmt.Sprintf(format, args...)
+	if len(msg) > maxMessage {
+		n := maxMessage - len("…")
+		for n > 0 && !utf8.RuneStart(msg[n]) {
+			n-- // never cut a rune in half
+		}
+		msg = msg[:n] + "…"
+	}
+	return verdict{reason: reason, message: msg}
+}
+
+// check evaluates the class in the order a user fixes things: the profile
+// exists, the profile is valid, the selector parses, some host matches.
+// Errors are transient API errors only; every user mistake is a verdict.
+func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdict, error) {
+	p := &v1beta1.SSHJoinProfile{}
+	ref := nc.Spec.JoinProfileRef.Name
+	if err := c.Client.Get(ctx, client.ObjectKey{Name: ref}, p); err != nil {
+		if apierrors.IsNotFound(err) {
+			return notReady(ReasonProfileNotFound, "SSHJoinProfile %q not found", ref), nil
+		}
+		return verdict{}, err
+	}
+	if err := profile.Validate(p, c.Roles); err != nil {
+		return notReady(ReasonProfileInvalid, "%v", err), nil
+	}
+	sel := labels.Everything()
+	if nc.Spec.HostSelector != nil {
+		s, err := metav1.LabelSelectorAsSelector(nc.Spec.HostSelector)
+		if err != nil {
+			return notReady(ReasonSelectorError, "hostSelector: %v", err), nil
+		}
+		sel = s
+	}
+	hosts := &v1beta1.SSHHostList{}
+	if err := c.Client.List(ctx, hosts, client.InNamespace(c.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return verdict{}, err
+	}
+	if len(hosts.Items) == 0 {
+		return notReady(ReasonNoHosts, "no SSHHost in namespace %s matches the hostSelector", c.Namespace), nil
+	}
+	return verdict{ready: true}, nil
+}
+
+// updateReadiness sets the Ready condition from check and writes the status
+// only when it changed; a change to not-ready is also an event.
+func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeClass) error {
+	v, err := c.check(ctx, nc)
+	if err != nil {
+		return err
+	}
+	orig := nc.DeepCopy()
+	before := readyCondition(orig)
+	cs := nc.StatusConditions(status.WithClock(c.Clock))
+	if v.ready {
+		cs.SetTrueWithReason(v1beta1.ConditionReady, ReasonReady, "")
+	} else {
+		cs.SetFalse(v1beta1.ConditionReady, v.reason, v.message)
+	}
+	if err := patchStatus(ctx, c.Client, orig, nc); err != nil {
+		return err
+	}
+	after := readyCondition(nc)
+	if !v.ready && (before == nil || before.Status != after.Status || before.Reason != after.Reason || before.Message != after.Message) {
+		c.publish(notReadyEvent(nc, v.reason, v.message))
+	}
+	return nil
+}
+
+func readyCondition(nc *v1beta1.SSHNodeClass) *status.Condition {
+	for i := range nc.Status.Conditions {
+		if nc.Status.Conditions[i].Type == v1beta1.ConditionReady {
+			return &nc.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// patchStatus writes the status of nc as a compare-and-swap against orig's
+// resourceVersion (merge patch with optimistic lock). An unchanged status is
+// not written. A conflict comes back as an error the caller requeues on.
+func patchStatus(ctx context.Context, c client.Client, orig, nc *v1beta1.SSHNodeClass) error {
+	if equality.Semantic.DeepEqual(orig.Status, nc.Status) {
+		return nil
+	}
+	return c.Status().Patch(ctx, nc, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+}

@@ -1,0 +1,102 @@
+// Package operator wires kpssh into Karpenter's operator: our cloud
+// provider (decorated like every provider, with node overlays), Karpenter
+// core's controllers, and kpssh's own controllers (hosts, node classes,
+// startup taint gates). cmd/controller is this plus operator.NewOperator;
+// tests start the same wiring against envtest.
+package operator
+
+import (
+	"context"
+	"fmt"
+
+	opcontroller "github.com/awslabs/operatorpkg/controller"
+	"github.com/samber/lo"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/karpenter/pkg/cloudprovider/overlay"
+	corecontrollers "sigs.k8s.io/karpenter/pkg/controllers"
+	"sigs.k8s.io/karpenter/pkg/controllers/node/health"
+	"sigs.k8s.io/karpenter/pkg/controllers/state"
+	coreoperator "sigs.k8s.io/karpenter/pkg/operator"
+
+	"github.com/dklesev/kpssh/internal/cloudprovider"
+	"github.com/dklesev/kpssh/internal/controllers/host"
+	"github.com/dklesev/kpssh/internal/controllers/node/startuptaint"
+	"github.com/dklesev/kpssh/internal/controllers/nodeclass"
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/operator/options"
+	"github.com/dklesev/kpssh/internal/providers/hostkey"
+	"github.com/dklesev/kpssh/internal/providers/leave"
+	"github.com/dklesev/kpssh/internal/providers/phase"
+	"github.com/dklesev/kpssh/internal/providers/token"
+)
+
+// Kpssh is the provider's half of the operator.
+type Kpssh struct {
+	Options       *options.Options
+	Engine        *engine.Local
+	Phases        *phase.Runner
+	CloudProvider *cloudprovider.CloudProvider
+	Controllers   []opcontroller.Controller
+}
+
+// New builds kpssh on op. engineOpts may adjust the engine (tests point it
+// at the checkout's collection and roles).
+func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*engine.Options)) (*Kpssh, error) {
+	o := options.FromContext(ctx)
+	if o == nil {
+		return nil, fmt.Errorf("kpssh options missing from the context")
+	}
+	eo := engine.Options{AnsiblePlaybook: o.AnsiblePlaybook}
+	// The runner image ships the collection and roles under
+	// /usr/share/kpssh; a checkout (development, the demo) has them in-tree.
+	coll, err := engine.FindCollectionsPath()
+	if err != nil {
+		return nil, err
+	}
+	eo.CollectionsPath = coll
+	if roles, err := engine.FindRolesPath(); err == nil {
+		eo.RolesPath = []string{roles}
+	}
+	for _, f := range engineOpts {
+		f(&eo)
+	}
+	eng, err := engine.New(eo)
+	if err != nil {
+		return nil, fmt.Errorf("phase engine: %w", err)
+	}
+	kube := op.GetClient()
+	runner := phase.New(eng, hostkey.New(kube), op.EventRecorder)
+	tokens := token.New(kube)
+	cp := cloudprovider.New(kube, op.GetAPIReader(), o.PoolNamespace, runner, tokens, op.EventRecorder, op.Clock)
+
+	hc := host.New(kube, op.EventRecorder, o.PoolNamespace)
+	hc.Leaver = leave.NewEngine(kube, runner)
+	hc.Interval, hc.Timeout, hc.Concurrency = o.ProbeInterval, o.ProbeTimeout, o.ProbeConcurrency
+
+	return &Kpssh{
+		Options: o, Engine: eng, Phases: runner, CloudProvider: cp,
+		Controllers: []opcontroller.Controller{
+			registerFunc(func(_ context.Context, m manager.Manager) error { return hc.Register(m) }),
+			nodeclass.New(kube, eng, o.PoolNamespace, op.Clock),
+			registerFunc(func(_ context.Context, m manager.Manager) error {
+				return startuptaint.New(kube, op.EventRecorder).Register(m)
+			}),
+		},
+	}, nil
+}
+
+// WithControllers adds Karpenter core's controllers around our cloud
+// provider (as karpenter's own providers wire it) and ours to op.
+func (k *Kpssh) WithControllers(ctx context.Context, op *coreoperator.Operator) *coreoperator.Operator {
+	decorated := overlay.Decorate(k.CloudProvider, op.GetClient(), op.InstanceTypeStore)
+	matcher := lo.Must(health.NewRepairPolicyMatcher(ctx, decorated))
+	cluster := state.NewCluster(op.Clock, op.GetClient(), decorated, state.WithRepairPolicyMatcher(matcher))
+	return op.
+		WithControllers(ctx, corecontrollers.NewControllers(ctx, op.Manager, op.Clock, op.GetClient(), op.EventRecorder,
+			decorated, k.CloudProvider, cluster, op.InstanceTypeStore, op.PredictionStore)...).
+		WithControllers(ctx, k.Controllers...)
+}
+
+type registerFunc func(context.Context, manager.Manager) error
+
+func (f registerFunc) Register(ctx context.Context, m manager.Manager) error { return f(ctx, m) }

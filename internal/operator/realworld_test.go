@@ -1,0 +1,339 @@
+package operator_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	coreoperator "sigs.k8s.io/karpenter/pkg/operator"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/operator"
+	"github.com/dklesev/kpssh/internal/providers/token"
+	"github.com/dklesev/kpssh/test/hostenv"
+	"github.com/dklesev/kpssh/test/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &env)) }
+
+const poolNS = "kpssh-system"
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+}
+
+// startOperator runs cmd/controller's wiring (Karpenter core + kpssh) in
+// this process against envtest. Karpenter's operator reads its options from
+// flags and the environment, once per process.
+func startOperator(t *testing.T) {
+	t.Helper()
+	for k, v := range map[string]string{
+		"KUBECONFIG":              env.Kubeconfig,
+		"DISABLE_LEADER_ELECTION": "true",
+		"METRICS_PORT":            freePort(t),
+		"HEALTH_PROBE_PORT":       freePort(t),
+		"POOL_NAMESPACE":          poolNS,
+		"PROBE_INTERVAL":          "3s",
+		"BATCH_IDLE_DURATION":     "1s",
+		"BATCH_MAX_DURATION":      "3s",
+		"LOG_LEVEL":               "info",
+	} {
+		t.Setenv(k, v)
+	}
+	args := os.Args
+	os.Args = []string{"controller"}
+	ctx, op := coreoperator.NewOperator()
+	os.Args = args
+	k, err := operator.New(ctx, op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); k.WithControllers(ctx, op).Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Log("operator did not stop within 30s")
+		}
+	})
+}
+
+func mustCreate(t *testing.T, objs ...client.Object) {
+	t.Helper()
+	for _, o := range objs {
+		if err := env.Client.Create(context.Background(), o); err != nil {
+			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+		}
+	}
+}
+
+func eventually(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		ok, s := cond()
+		if ok {
+			return
+		}
+		last = s
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s; last: %s", timeout, what, last)
+}
+
+func clusterInfo(t *testing.T, server string) *corev1.ConfigMap {
+	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[""] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: env.Config.CAData}
+	b, err := clientcmd.Write(*cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-public", Name: "cluster-info"}, Data: map[string]string{"kubeconfig": string(b)}}
+}
+
+// The profile records what each phase saw on the host.
+const (
+	installScript = `mkdir -p /etc/kpssh-test
+echo "$KPSSH_NODE_NAME" > /etc/kpssh-test/installed
+`
+	joinScript = `printf '%s\n' "$KPSSH_BOOTSTRAP_TOKEN" "$KPSSH_PROVIDER_ID" "$KPSSH_NODE_NAME" "$KPSSH_CLUSTER_ENDPOINT" "$KPSSH_TAINTS" "$KPSSH_VAR_greeting" > /etc/kpssh-test/joined
+rm -f /etc/kpssh-test/left
+`
+	leaveScript = `rm -f /etc/kpssh-test/joined
+echo "$KPSSH_HOST_ADDRESS" > /etc/kpssh-test/left
+`
+)
+
+// TestKarpenterDrivesHostsThroughEngine: Karpenter's own provisioner and
+// NodeClaim lifecycle controllers drive our provider end to end: a pending
+// pod → NodeClaim → Create claims an nspawn host and runs install + join
+// through the real engine (ansible-playbook) → Launched; the test plays the
+// kubelet and registers the Node → Registered, the token is collected;
+// deleting the NodeClaim → Delete runs leave → host Available again.
+func TestKarpenterDrivesHostsThroughEngine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: needs envtest, nspawn hosts and ansible-playbook")
+	}
+	w := hostenv.Up(t, 2)
+	ctx := context.Background()
+	key, err := os.ReadFile(w.Inventory().ClientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: poolNS}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: poolNS, Name: "world-key"}, Data: map[string][]byte{"privateKey": key}},
+		clusterInfo(t, "https://"+w.Inventory().BridgeAddress+":6443"),
+		&v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: "test"}, Spec: v1beta1.SSHJoinProfileSpec{Version: "1",
+			Scripts: &v1beta1.ProfileScripts{Install: installScript, Join: joinScript, Leave: leaveScript}}},
+		&v1beta1.SSHNodeClass{ObjectMeta: metav1.ObjectMeta{Name: "pool"}, Spec: v1beta1.SSHNodeClassSpec{
+			JoinProfileRef: v1beta1.ObjectReference{Name: "test"}, Vars: v1beta1.Vars{"greeting": "hello"}}},
+	)
+	for _, h := range w.Hosts() {
+		mustCreate(t, &v1beta1.SSHHost{
+			ObjectMeta: metav1.ObjectMeta{Name: h.Name, Namespace: poolNS, Labels: map[string]string{v1beta1.LabelHostClass: "small"}},
+			Spec: v1beta1.SSHHostSpec{Address: h.Address, Port: int32(h.Port), User: h.User,
+				SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "world-key"},
+				Capacity:        corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("2Gi")}},
+		})
+	}
+	startOperator(t)
+
+	// Probes pin host keys and make the pool Available; the node class turns Ready.
+	eventually(t, "hosts Available", 2*time.Minute, func() (bool, string) {
+		list := &v1beta1.SSHHostList{}
+		if err := env.Client.List(ctx, list, client.InNamespace(poolNS)); err != nil {
+			return false, err.Error()
+		}
+		var states []string
+		for _, h := range list.Items {
+			states = append(states, h.Name+"="+string(h.Status.State)+" "+h.Status.LastProbeError)
+			if h.Status.State != v1beta1.HostAvailable {
+				return false, strings.Join(states, ", ")
+			}
+		}
+		return len(list.Items) == 2, strings.Join(states, ", ")
+	})
+	eventually(t, "node class Ready", time.Minute, func() (bool, string) {
+		nc := &v1beta1.SSHNodeClass{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: "pool"}, nc); err != nil {
+			return false, err.Error()
+		}
+		c := nc.StatusConditions().Get(v1beta1.ConditionReady)
+		return c != nil && c.IsTrue(), fmt.Sprintf("%+v", c)
+	})
+
+	never := karpv1.MustParseNillableDuration("Never")
+	mustCreate(t, &karpv1.NodePool{
+		ObjectMeta: metav1.ObjectMeta{Name: "ssh"},
+		Spec: karpv1.NodePoolSpec{
+			Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
+				NodeClassRef: &karpv1.NodeClassReference{Group: v1beta1.Group, Kind: "SSHNodeClass", Name: "pool"},
+				Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}}},
+				ExpireAfter:  never,
+			}},
+			Disruption: karpv1.Disruption{ConsolidateAfter: never, ConsolidationPolicy: karpv1.ConsolidationPolicyWhenEmpty},
+		},
+	})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "workload"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/pause",
+			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}}}}}
+	mustCreate(t, pod)
+	// No kube-scheduler in envtest: mark the pod unschedulable as it would.
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, LastTransitionTime: metav1.Now()}}
+	if err := env.Client.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+
+	var claim *karpv1.NodeClaim
+	eventually(t, "NodeClaim launched", 4*time.Minute, func() (bool, string) {
+		list := &karpv1.NodeClaimList{}
+		if err := env.Client.List(ctx, list); err != nil {
+			return false, err.Error()
+		}
+		if len(list.Items) == 0 {
+			return false, "no NodeClaim yet"
+		}
+		claim = &list.Items[0]
+		c := claim.StatusConditions().Get(karpv1.ConditionTypeLaunched)
+		return c != nil && c.IsTrue(), fmt.Sprintf("%d claims; launched=%+v", len(list.Items), c)
+	})
+	host := hostOf(t, claim)
+	i := indexOf(t, w, host.Name)
+	if host.Status.State != v1beta1.HostInUse || host.Status.InstalledProfile != "test@1" || host.Status.ProviderID != claim.Status.ProviderID {
+		t.Fatalf("host after launch: %+v", host.Status)
+	}
+	if got := w.MustRun(i, "cat /etc/kpssh-test/installed"); strings.TrimSpace(got) != host.Name {
+		t.Fatalf("install saw node name %q", got)
+	}
+	joined := strings.Split(strings.TrimSpace(w.MustRun(i, "cat /etc/kpssh-test/joined")), "\n")
+	if len(joined) != 6 || !strings.HasPrefix(joined[0], host.Status.BootstrapTokenID+".") || joined[1] != claim.Status.ProviderID ||
+		joined[2] != host.Name || joined[3] != "https://"+w.Inventory().BridgeAddress+":6443" ||
+		!strings.HasPrefix(joined[4], "karpenter.sh/unregistered:NoExecute") || joined[5] != "hello" {
+		t.Fatalf("join environment on the host: %q (token id %q)", joined, host.Status.BootstrapTokenID)
+	}
+	tokenID := host.Status.BootstrapTokenID
+	sec := &corev1.Secret{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: token.SecretName(tokenID)}, sec); err != nil {
+		t.Fatalf("bootstrap token Secret: %v", err)
+	}
+	if !strings.Contains(string(sec.Data["description"]), claim.Name) {
+		t.Fatalf("token description %q does not name the NodeClaim", sec.Data["description"])
+	}
+
+	// Play the kubelet: register the Node the join configured.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: host.Name, Labels: map[string]string{corev1.LabelHostname: host.Name}},
+		Spec: corev1.NodeSpec{ProviderID: claim.Status.ProviderID, Taints: []corev1.Taint{{Key: karpv1.UnregisteredTaintKey, Effect: corev1.TaintEffectNoExecute}}}}
+	mustCreate(t, node)
+	node.Status = corev1.NodeStatus{
+		Capacity:    corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("2Gi"), corev1.ResourcePods: resource.MustParse("110")},
+		Allocatable: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1920m"), corev1.ResourceMemory: resource.MustParse("1700Mi"), corev1.ResourcePods: resource.MustParse("110")},
+		Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
+		Addresses:   []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: host.Spec.Address}},
+	}
+	if err := env.Client.Status().Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "NodeClaim registered", 2*time.Minute, func() (bool, string) {
+		nc := &karpv1.NodeClaim{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(claim), nc); err != nil {
+			return false, err.Error()
+		}
+		c := nc.StatusConditions().Get(karpv1.ConditionTypeRegistered)
+		return c != nil && c.IsTrue(), fmt.Sprintf("registered=%+v", c)
+	})
+	// Token GC: the Node registered, so its token goes.
+	eventually(t, "bootstrap token collected", time.Minute, func() (bool, string) {
+		h := hostOf(t, claim)
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: token.SecretName(tokenID)}, &corev1.Secret{})
+		return h.Status.BootstrapTokenID == "" && err != nil, fmt.Sprintf("host token id %q, secret get err %v", h.Status.BootstrapTokenID, err)
+	})
+
+	// Scale down: the workload goes, the NodeClaim is deleted (what
+	// consolidation does) → drain, Node deleted, our Delete runs leave.
+	if err := env.Client.Delete(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "NodeClaim gone", 3*time.Minute, func() (bool, string) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(claim), &karpv1.NodeClaim{})
+		h := &v1beta1.SSHHost{}
+		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: poolNS, Name: host.Name}, h)
+		return err != nil, fmt.Sprintf("nodeclaim get err=%v host=%s", err, h.Status.State)
+	})
+	h := &v1beta1.SSHHost{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: poolNS, Name: host.Name}, h); err != nil {
+		t.Fatal(err)
+	}
+	if h.Status.State != v1beta1.HostAvailable || h.Status.ClaimRef != nil || h.Status.InstalledProfile != "test@1" {
+		t.Fatalf("host after leave: %+v", h.Status)
+	}
+	if got := strings.TrimSpace(w.MustRun(i, "cat /etc/kpssh-test/left; test ! -e /etc/kpssh-test/joined && echo gone")); got != host.Spec.Address+"\ngone" {
+		t.Fatalf("leave on host: %q", got)
+	}
+	if h.Status.LastPhase == nil || h.Status.LastPhase.Phase != v1beta1.PhaseLeave || h.Status.LastPhase.Result != v1beta1.PhaseSucceeded {
+		t.Fatalf("lastPhase %+v", h.Status.LastPhase)
+	}
+	// No kpssh token is left behind.
+	secrets := &corev1.SecretList{}
+	if err := env.Client.List(ctx, secrets, client.InNamespace("kube-system")); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range secrets.Items {
+		if strings.Contains(string(s.Data["description"]), "karpenter-provider-ssh") {
+			t.Fatalf("token Secret %s left behind", s.Name)
+		}
+	}
+}
+
+func hostOf(t *testing.T, claim *karpv1.NodeClaim) *v1beta1.SSHHost {
+	t.Helper()
+	list := &v1beta1.SSHHostList{}
+	if err := env.Client.List(context.Background(), list, client.InNamespace(poolNS)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range list.Items {
+		if r := list.Items[i].Status.ClaimRef; r != nil && r.UID == claim.UID {
+			return &list.Items[i]
+		}
+	}
+	t.Fatalf("no host holds NodeClaim %s", claim.Name)
+	return nil
+}
+
+func indexOf(t *testing.T, w *hostenv.World, name string) int {
+	t.Helper()
+	for i, h := range w.Hosts() {
+		if h.Name == name {
+			return i
+		}
+	}
+	t.Fatalf("host %s not in the world", name)
+	return -1
+}

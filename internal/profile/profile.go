@@ -1,0 +1,247 @@
+// Package profile is the glue between an SSHJoinProfile (the API object) and
+// the engine (plain values): which source a phase runs, how long it may take,
+// which variables it gets, and whether the profile is usable at all. The node
+// class controller, the provider and the leave paths all read profiles
+// through here so they agree on every default.
+package profile
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
+)
+
+// Phase timeouts when spec.timeouts leaves one unset (the CRD defaults
+// install/join/leave too; uninstall has no field).
+const (
+	DefaultInstallTimeout   = 10 * time.Minute
+	DefaultJoinTimeout      = 5 * time.Minute
+	DefaultLeaveTimeout     = 3 * time.Minute
+	DefaultUninstallTimeout = 10 * time.Minute
+)
+
+// requiredPhases must be present in every profile; uninstall is optional
+// (the controller never runs it).
+var requiredPhases = []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave}
+
+var allPhases = []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall}
+
+// Source returns the engine source of one phase; ok=false when the profile
+// has nothing for that phase (e.g. no uninstall), or when its source is
+// ambiguous (the CRD rejects that; running one of two guesses would be worse).
+// A role profile answers every phase with the role: whether the role has
+// tasks/<phase>.yml is for the engine (RoleValidator) to decide.
+func Source(p *v1beta1.SSHJoinProfile, phase engine.Phase) (engine.Source, bool) {
+	if p == nil || !phase.Valid() {
+		return engine.Source{}, false
+	}
+	s, a := p.Spec.Scripts, p.Spec.Ansible
+	switch {
+	case s != nil && a == nil:
+		body := string(pickScript(s, phase))
+		return engine.Source{Script: body}, strings.TrimSpace(body) != ""
+	case a != nil && s == nil:
+		hasRole, hasTasks := strings.TrimSpace(a.Role) != "", a.Tasks != nil
+		switch {
+		case hasRole && !hasTasks:
+			return engine.Source{Role: a.Role}, true
+		case hasTasks && !hasRole:
+			body := string(pickTasks(a.Tasks, phase))
+			return engine.Source{Tasks: body}, strings.TrimSpace(body) != ""
+		}
+	}
+	return engine.Source{}, false
+}
+
+func pickScript(s *v1beta1.ProfileScripts, phase engine.Phase) v1beta1.Script {
+	switch phase {
+	case engine.PhaseInstall:
+		return s.Install
+	case engine.PhaseJoin:
+		return s.Join
+	case engine.PhaseLeave:
+		return s.Leave
+	case engine.PhaseUninstall:
+		return s.Uninstall
+	}
+	return ""
+}
+
+func pickTasks(t *v1beta1.ProfileTasks, phase engine.Phase) v1beta1.TaskList {
+	switch phase {
+	case engine.PhaseInstall:
+		return t.Install
+	case engine.PhaseJoin:
+		return t.Join
+	case engine.PhaseLeave:
+		return t.Leave
+	case engine.PhaseUninstall:
+		return t.Uninstall
+	}
+	return ""
+}
+
+// durationRE is the CRD's pattern; ParseDuration alone would also take
+// "1.5h" or "500ms", which the seed rules out.
+var durationRE = regexp.MustCompile(`^([0-9]+(s|m|h))+$`)
+
+// Timeout returns the phase timeout from spec.timeouts (defaults install
+// 10m, join 5m, leave 3m, uninstall 10m). A malformed or zero value yields the
+// default: the CRD pattern already rejects malformed ones, and a zero timeout
+// would mean "no bound" to nobody's benefit.
+func Timeout(p *v1beta1.SSHJoinProfile, phase engine.Phase) time.Duration {
+	var raw v1beta1.Duration
+	var def time.Duration
+	switch phase {
+	case engine.PhaseInstall:
+		def = DefaultInstallTimeout
+		if p != nil {
+			raw = p.Spec.Timeouts.Install
+		}
+	case engine.PhaseJoin:
+		def = DefaultJoinTimeout
+		if p != nil {
+			raw = p.Spec.Timeouts.Join
+		}
+	case engine.PhaseLeave:
+		def = DefaultLeaveTimeout
+		if p != nil {
+			raw = p.Spec.Timeouts.Leave
+		}
+	default: // uninstall has no field; an unknown phase gets the longest bound
+		def = DefaultUninstallTimeout
+	}
+	if !durationRE.MatchString(string(raw)) {
+		return def
+	}
+	d, err := time.ParseDuration(string(raw))
+	if err != nil || d <= 0 {
+		return def
+	}
+	return d
+}
+
+// Vars returns the profile's ansible.vars defaults overlaid by the node class
+// vars (node class wins); never nil. Either argument may be nil (leave paths
+// have no node class, and leave gets no vars anyway — the engine enforces it).
+func Vars(p *v1beta1.SSHJoinProfile, nc *v1beta1.SSHNodeClass) map[string]string {
+	out := map[string]string{}
+	if p != nil && p.Spec.Ansible != nil {
+		for k, v := range p.Spec.Ansible.Vars {
+			out[k] = string(v)
+		}
+	}
+	if nc != nil {
+		for k, v := range nc.Spec.Vars {
+			out[k] = string(v)
+		}
+	}
+	return out
+}
+
+// versionRE is the CRD pattern of spec.version.
+var versionRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,63}$`)
+
+// ParseMarker splits "<profile>@<version>" (the status.installedProfile
+// marker). Profile names are DNS-1123 subdomains and versions match
+// ^[A-Za-z0-9._-]{1,63}$, so neither contains '@'; anything else is not a
+// marker this project wrote and yields ok=false.
+func ParseMarker(m string) (name, version string, ok bool) {
+	name, version, found := strings.Cut(m, "@")
+	if !found || len(validation.IsDNS1123Subdomain(name)) > 0 || !versionRE.MatchString(version) {
+		return "", "", false
+	}
+	return name, version, true
+}
+
+// RoleValidator resolves roles (implemented by *engine.Local).
+type RoleValidator interface {
+	ValidateRole(role string, phase engine.Phase) error
+}
+
+// Validate runs every check the node class controller runs before it lets
+// Karpenter launch against a profile (a failure is Ready=False/ProfileInvalid):
+// exactly one source; install, join and leave present; engine.Validate per
+// present phase (templates parse, task lists are task lists, leave renders
+// with the empty context); role profiles resolve install/join/leave through
+// roles (skipped when roles is nil); and a profile carrying signatures (for
+// Verified hosts, which run the signed bytes as they are) is template-free
+// scripts. The error names the phase and the problem; a profile holds no
+// secrets, so the message is safe for a condition.
+func Validate(p *v1beta1.SSHJoinProfile, roles RoleValidator) error {
+	if p == nil {
+		return errors.New("no profile")
+	}
+	if err := checkOneSource(p); err != nil {
+		return err
+	}
+	for _, ph := range requiredPhases {
+		if _, ok := Source(p, ph); !ok {
+			return fmt.Errorf("%s: phase missing: install, join and leave are required", ph)
+		}
+	}
+	for _, ph := range allPhases {
+		src, ok := Source(p, ph)
+		if !ok {
+			continue
+		}
+		if err := engine.Validate(ph, src); err != nil {
+			return phaseErr(ph, err)
+		}
+	}
+	if a := p.Spec.Ansible; a != nil && strings.TrimSpace(a.Role) != "" && roles != nil {
+		for _, ph := range requiredPhases {
+			if err := roles.ValidateRole(a.Role, ph); err != nil {
+				return phaseErr(ph, err)
+			}
+		}
+	}
+	if carriesSignatures(p) {
+		if p.Spec.Scripts == nil {
+			return errors.New("signatures: a signed profile (for Verified hosts) must be scripts, not ansible")
+		}
+		for _, ph := range allPhases {
+			if strings.Contains(string(pickScript(p.Spec.Scripts, ph)), "{{") {
+				return fmt.Errorf("%s: the script contains {{ … }} but the profile is signed: Verified hosts run the signed bytes unrendered, so signed scripts must be template-free (use the KPSSH_* environment instead)", ph)
+			}
+		}
+	}
+	return nil
+}
+
+func checkOneSource(p *v1beta1.SSHJoinProfile) error {
+	s, a := p.Spec.Scripts, p.Spec.Ansible
+	switch {
+	case s == nil && a == nil:
+		return errors.New("no source: set exactly one of scripts or ansible")
+	case s != nil && a != nil:
+		return errors.New("both scripts and ansible are set: set exactly one")
+	case a != nil:
+		hasRole, hasTasks := strings.TrimSpace(a.Role) != "", a.Tasks != nil
+		if hasRole == hasTasks {
+			return errors.New("ansible: set exactly one of role or tasks")
+		}
+	}
+	return nil
+}
+
+func carriesSignatures(p *v1beta1.SSHJoinProfile) bool {
+	sg := p.Spec.Signatures
+	return sg != nil && (sg.Install != "" || sg.Join != "" || sg.Leave != "" || sg.Uninstall != "")
+}
+
+// phaseErr makes sure the message starts with the phase name (the engine's
+// own messages mostly do already; "role x not found" does not).
+func phaseErr(ph engine.Phase, err error) error {
+	if strings.HasPrefix(err.Error(), string(ph)) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", ph, err)
+}

@@ -1,0 +1,350 @@
+package profile
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
+)
+
+func scripts(install, join, leave, uninstall string) *v1beta1.SSHJoinProfile {
+	return &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: v1beta1.SSHJoinProfileSpec{
+		Version: "1",
+		Scripts: &v1beta1.ProfileScripts{Install: v1beta1.Script(install), Join: v1beta1.Script(join), Leave: v1beta1.Script(leave), Uninstall: v1beta1.Script(uninstall)},
+	}}
+}
+
+func tasks(install, join, leave, uninstall string) *v1beta1.SSHJoinProfile {
+	return &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: v1beta1.SSHJoinProfileSpec{
+		Version: "1",
+		Ansible: &v1beta1.AnsibleSource{Tasks: &v1beta1.ProfileTasks{Install: v1beta1.TaskList(install), Join: v1beta1.TaskList(join), Leave: v1beta1.TaskList(leave), Uninstall: v1beta1.TaskList(uninstall)}},
+	}}
+}
+
+func role(name string) *v1beta1.SSHJoinProfile {
+	return &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: v1beta1.SSHJoinProfileSpec{
+		Version: "1", Ansible: &v1beta1.AnsibleSource{Role: name},
+	}}
+}
+
+func with(p *v1beta1.SSHJoinProfile, mut func(*v1beta1.SSHJoinProfile)) *v1beta1.SSHJoinProfile {
+	mut(p)
+	return p
+}
+
+const task = "- name: t\n  ansible.builtin.command: /bin/true\n"
+
+func TestSource(t *testing.T) {
+	both := with(scripts("i", "j", "l", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible = &v1beta1.AnsibleSource{Role: "r"} })
+	roleAndTasks := with(role("r"), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible.Tasks = &v1beta1.ProfileTasks{Install: task} })
+	cases := []struct {
+		name  string
+		p     *v1beta1.SSHJoinProfile
+		phase engine.Phase
+		want  engine.Source
+		ok    bool
+	}{
+		{"script install", scripts("i", "j", "l", "u"), engine.PhaseInstall, engine.Source{Script: "i"}, true},
+		{"script join", scripts("i", "j", "l", "u"), engine.PhaseJoin, engine.Source{Script: "j"}, true},
+		{"script leave", scripts("i", "j", "l", "u"), engine.PhaseLeave, engine.Source{Script: "l"}, true},
+		{"script uninstall", scripts("i", "j", "l", "u"), engine.PhaseUninstall, engine.Source{Script: "u"}, true},
+		{"script no uninstall", scripts("i", "j", "l", ""), engine.PhaseUninstall, engine.Source{}, false},
+		{"script blank uninstall", scripts("i", "j", "l", " \n"), engine.PhaseUninstall, engine.Source{Script: " \n"}, false},
+		{"tasks join", tasks("ti", "tj", "tl", ""), engine.PhaseJoin, engine.Source{Tasks: "tj"}, true},
+		{"tasks leave", tasks("ti", "tj", "tl", ""), engine.PhaseLeave, engine.Source{Tasks: "tl"}, true},
+		{"tasks no uninstall", tasks("ti", "tj", "tl", ""), engine.PhaseUninstall, engine.Source{}, false},
+		{"tasks uninstall", tasks("ti", "tj", "tl", "tu"), engine.PhaseUninstall, engine.Source{Tasks: "tu"}, true},
+		{"role install", role("ns.coll.r"), engine.PhaseInstall, engine.Source{Role: "ns.coll.r"}, true},
+		{"role uninstall", role("r"), engine.PhaseUninstall, engine.Source{Role: "r"}, true},
+		{"unknown phase", scripts("i", "j", "l", ""), engine.Phase("reboot"), engine.Source{}, false},
+		{"nil profile", nil, engine.PhaseJoin, engine.Source{}, false},
+		{"no source", &v1beta1.SSHJoinProfile{}, engine.PhaseJoin, engine.Source{}, false},
+		{"both sources", both, engine.PhaseJoin, engine.Source{}, false},
+		{"role and tasks", roleAndTasks, engine.PhaseInstall, engine.Source{}, false},
+		{"ansible with neither", with(role(""), func(*v1beta1.SSHJoinProfile) {}), engine.PhaseJoin, engine.Source{}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := Source(tc.p, tc.phase)
+			if ok != tc.ok || (ok && got != tc.want) {
+				t.Fatalf("Source = %+v, %v; want %+v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	tm := func(install, join, leave string) *v1beta1.SSHJoinProfile {
+		return with(scripts("i", "j", "l", ""), func(p *v1beta1.SSHJoinProfile) {
+			p.Spec.Timeouts = v1beta1.PhaseTimeouts{Install: v1beta1.Duration(install), Join: v1beta1.Duration(join), Leave: v1beta1.Duration(leave)}
+		})
+	}
+	cases := []struct {
+		name  string
+		p     *v1beta1.SSHJoinProfile
+		phase engine.Phase
+		want  time.Duration
+	}{
+		{"install default", tm("", "", ""), engine.PhaseInstall, 10 * time.Minute},
+		{"join default", tm("", "", ""), engine.PhaseJoin, 5 * time.Minute},
+		{"leave default", tm("", "", ""), engine.PhaseLeave, 3 * time.Minute},
+		{"uninstall default", tm("1m", "1m", "1m"), engine.PhaseUninstall, 10 * time.Minute},
+		{"nil profile", nil, engine.PhaseJoin, 5 * time.Minute},
+		{"install set", tm("20m", "", ""), engine.PhaseInstall, 20 * time.Minute},
+		{"join set", tm("", "90s", ""), engine.PhaseJoin, 90 * time.Second},
+		{"leave compound", tm("", "", "1h30m"), engine.PhaseLeave, 90 * time.Minute},
+		{"fraction rejected", tm("1.5h", "", ""), engine.PhaseInstall, 10 * time.Minute},
+		{"ms rejected", tm("", "500ms", ""), engine.PhaseJoin, 5 * time.Minute},
+		{"garbage", tm("", "", "soon"), engine.PhaseLeave, 3 * time.Minute},
+		{"zero", tm("", "0s", ""), engine.PhaseJoin, 5 * time.Minute},
+		{"overflow", tm("99999999999999999999h", "", ""), engine.PhaseInstall, 10 * time.Minute},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Timeout(tc.p, tc.phase); got != tc.want {
+				t.Fatalf("Timeout = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestVars(t *testing.T) {
+	withVars := func(v v1beta1.Vars) *v1beta1.SSHJoinProfile {
+		return with(role("r"), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible.Vars = v })
+	}
+	nc := func(v v1beta1.Vars) *v1beta1.SSHNodeClass {
+		return &v1beta1.SSHNodeClass{Spec: v1beta1.SSHNodeClassSpec{Vars: v}}
+	}
+	cases := []struct {
+		name string
+		p    *v1beta1.SSHJoinProfile
+		nc   *v1beta1.SSHNodeClass
+		want map[string]string
+	}{
+		{"both nil", nil, nil, map[string]string{}},
+		{"scripts profile, no class vars", scripts("i", "j", "l", ""), nc(nil), map[string]string{}},
+		{"profile defaults only", withVars(v1beta1.Vars{"a": "1", "b": "2"}), nil, map[string]string{"a": "1", "b": "2"}},
+		{"class only", scripts("i", "j", "l", ""), nc(v1beta1.Vars{"k8sMinor": "1.34"}), map[string]string{"k8sMinor": "1.34"}},
+		{"class wins", withVars(v1beta1.Vars{"a": "1", "b": "2"}), nc(v1beta1.Vars{"b": "X", "c": "3"}), map[string]string{"a": "1", "b": "X", "c": "3"}},
+		{"class empty value wins", withVars(v1beta1.Vars{"a": "1"}), nc(v1beta1.Vars{"a": ""}), map[string]string{"a": ""}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Vars(tc.p, tc.nc)
+			if got == nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("Vars = %#v, want %#v", got, tc.want)
+			}
+		})
+	}
+	// the result is a copy: writing it must not change the objects
+	p, c := withVars(v1beta1.Vars{"a": "1"}), nc(v1beta1.Vars{"b": "2"})
+	m := Vars(p, c)
+	m["a"], m["b"] = "x", "y"
+	if p.Spec.Ansible.Vars["a"] != "1" || c.Spec.Vars["b"] != "2" {
+		t.Fatal("Vars aliases the objects' maps")
+	}
+}
+
+func TestParseMarker(t *testing.T) {
+	cases := []struct {
+		in            string
+		name, version string
+		ok            bool
+	}{
+		{"tls-bootstrap@1", "tls-bootstrap", "1", true},
+		{"nodeadm-ssm@v2.0_rc-1", "nodeadm-ssm", "v2.0_rc-1", true},
+		{"a.b.c@1.2.3", "a.b.c", "1.2.3", true},
+		{"", "", "", false},
+		{"tls-bootstrap", "", "", false},
+		{"tls-bootstrap@", "", "", false},
+		{"@1", "", "", false},
+		{"a@b@c", "", "", false},
+		{"Upper@1", "", "", false},
+		{"p@ver sion", "", "", false},
+		{"p@" + strings.Repeat("v", 64), "", "", false},
+		{"p@" + strings.Repeat("v", 63), "p", strings.Repeat("v", 63), true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.in, func(t *testing.T) {
+			n, v, ok := ParseMarker(tc.in)
+			if n != tc.name || v != tc.version || ok != tc.ok {
+				t.Fatalf("ParseMarker(%q) = %q, %q, %v; want %q, %q, %v", tc.in, n, v, ok, tc.name, tc.version, tc.ok)
+			}
+		})
+	}
+	// round trip with the API's own marker
+	p := scripts("i", "j", "l", "")
+	p.Name, p.Spec.Version = "tls-bootstrap", "7"
+	if n, v, ok := ParseMarker(p.Marker()); !ok || n != p.Name || v != p.Spec.Version {
+		t.Fatalf("round trip of %q: %q %q %v", p.Marker(), n, v, ok)
+	}
+}
+
+// fakeRoles answers ValidateRole from a table and records the calls.
+type fakeRoles struct {
+	errs  map[engine.Phase]error
+	calls []string
+}
+
+func (f *fakeRoles) ValidateRole(role string, phase engine.Phase) error {
+	f.calls = append(f.calls, role+"/"+string(phase))
+	return f.errs[phase]
+}
+
+func TestValidate(t *testing.T) {
+	sig := v1beta1.Signature("-----BEGIN SSH SIGNATURE-----\nx\n-----END SSH SIGNATURE-----\n")
+	signed := func(p *v1beta1.SSHJoinProfile) *v1beta1.SSHJoinProfile {
+		return with(p, func(p *v1beta1.SSHJoinProfile) { p.Spec.Signatures = &v1beta1.ProfileSignatures{Join: sig} })
+	}
+	cases := []struct {
+		name  string
+		p     *v1beta1.SSHJoinProfile
+		roles *fakeRoles
+		want  string // substring of the error; "" = valid
+		// wantPrefix is the phase the message must start with ("" = no check)
+		wantPrefix string
+	}{
+		{name: "seed scripts", p: scripts("echo {{ .Vars.k8sMinor }}", "echo {{ .BootstrapToken }} {{ .Secrets.x }}", "systemctl disable --now kubelet; echo {{ .HostAddress }}", "rm -rf /opt")},
+		{name: "tasks", p: tasks(task, task, "- ansible.builtin.debug:\n    msg: \"{{ kpssh.host_address }}\"\n", "")},
+		{name: "role", p: role("tls_bootstrap"), roles: &fakeRoles{}},
+		{name: "role, no validator", p: role("tls_bootstrap")},
+		{name: "nil", p: nil, want: "no profile"},
+		{name: "no source", p: &v1beta1.SSHJoinProfile{}, want: "no source"},
+		{name: "both sources", p: with(scripts("i", "j", "l", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible = &v1beta1.AnsibleSource{Role: "r"} }), want: "both scripts and ansible"},
+		{name: "ansible neither", p: &v1beta1.SSHJoinProfile{Spec: v1beta1.SSHJoinProfileSpec{Ansible: &v1beta1.AnsibleSource{}}}, want: "exactly one of role or tasks"},
+		{name: "ansible role and tasks", p: with(role("r"), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible.Tasks = &v1beta1.ProfileTasks{} }), want: "exactly one of role or tasks"},
+		{name: "install missing", p: scripts("", "j", "l", ""), want: "install: phase missing", wantPrefix: "install"},
+		{name: "join blank", p: scripts("i", "  \n", "l", ""), want: "join: phase missing", wantPrefix: "join"},
+		{name: "leave missing (tasks)", p: tasks(task, task, "", ""), want: "leave: phase missing", wantPrefix: "leave"},
+		{name: "leave uses vars", p: scripts("i", "j", "echo {{ .Vars.x }}", ""), want: ".Vars", wantPrefix: "leave"},
+		{name: "leave uses secrets", p: scripts("i", "j", "echo {{ .Secrets.k }}", ""), want: ".Secrets", wantPrefix: "leave"},
+		{name: "leave uses vars via $", p: scripts("i", "j", "{{ with .HostAddress }}{{ $.Vars.x }}{{ end }}", ""), want: ".Vars", wantPrefix: "leave"},
+		{name: "leave tasks use kpssh_vars", p: tasks(task, task, "- ansible.builtin.debug:\n    msg: \"{{ kpssh_vars.x }}\"\n", ""), want: "kpssh_vars", wantPrefix: "leave"},
+		{name: "install bad template", p: scripts("echo {{ .Vars.x ", "j", "l", ""), want: "not a valid template", wantPrefix: "install"},
+		{name: "install uses token", p: scripts("echo {{ .BootstrapToken }}", "j", "l", ""), want: "only the join phase", wantPrefix: "install"},
+		{name: "join unknown field", p: scripts("i", "{{ .Nope }}", "l", ""), want: "unknown field .Nope", wantPrefix: "join"},
+		{name: "uninstall checked too", p: scripts("i", "j", "l", "{{ .Broken"), want: "not a valid template", wantPrefix: "uninstall"},
+		{name: "join tasks not a list", p: tasks(task, "name: x\n", task, ""), want: "a task list must be a YAML list", wantPrefix: "join"},
+		{name: "install tasks a play", p: tasks("- hosts: all\n  tasks: []\n", task, task, ""), want: "play or playbook import", wantPrefix: "install"},
+		{name: "bad role name", p: role("../etc"), roles: &fakeRoles{}, want: "role name", wantPrefix: "install"},
+		{name: "role missing leave", p: role("r"), roles: &fakeRoles{errs: map[engine.Phase]error{engine.PhaseLeave: errors.New("role r has no tasks/leave.yml")}}, want: "no tasks/leave.yml", wantPrefix: "leave"},
+		{name: "role not found", p: role("r"), roles: &fakeRoles{errs: map[engine.Phase]error{engine.PhaseInstall: errors.New("role r not found in the roles path")}}, want: "install: role r not found", wantPrefix: "install"},
+		{name: "signed template-free", p: signed(scripts("set -euo pipefail\ni", "set -euo pipefail\nj", "set -euo pipefail\nl", ""))},
+		{name: "signed with template", p: signed(scripts("i", "echo {{ .NodeName }}", "l", "")), want: "template-free", wantPrefix: "join"},
+		{name: "signed uninstall template", p: signed(scripts("i", "j", "l", "{{ .Vars.x }}")), want: "template-free", wantPrefix: "uninstall"},
+		{name: "empty signatures struct is unsigned", p: with(scripts("i", "{{ .NodeName }}", "l", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Signatures = &v1beta1.ProfileSignatures{} })},
+		{name: "signed ansible", p: with(tasks(task, task, task, ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Signatures = &v1beta1.ProfileSignatures{Install: sig} }), want: "must be scripts"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var rv RoleValidator
+			if tc.roles != nil {
+				rv = tc.roles
+			}
+			err := Validate(tc.p, rv)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate = %v, want an error containing %q", err, tc.want)
+			}
+			if tc.wantPrefix != "" && !strings.HasPrefix(err.Error(), tc.wantPrefix) {
+				t.Fatalf("Validate = %q, want it to start with the phase %q", err, tc.wantPrefix)
+			}
+		})
+	}
+}
+
+// TestValidateRoleCalls: roles are resolved for exactly install, join and
+// leave (uninstall is never run, so a role without it is fine).
+func TestValidateRoleCalls(t *testing.T) {
+	f := &fakeRoles{}
+	if err := Validate(role("tls_bootstrap"), f); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"tls_bootstrap/install", "tls_bootstrap/join", "tls_bootstrap/leave"}
+	if !reflect.DeepEqual(f.calls, want) {
+		t.Fatalf("ValidateRole calls = %v, want %v", f.calls, want)
+	}
+	// not called for scripts or inline tasks
+	f.calls = nil
+	if err := Validate(tasks(task, task, task, ""), f); err != nil || f.calls != nil {
+		t.Fatalf("tasks profile: err=%v calls=%v", err, f.calls)
+	}
+}
+
+// TestValidateRealRoles runs Validate against the real engine's role
+// resolution (*engine.Local) over roles written to a temporary roles path.
+func TestValidateRealRoles(t *testing.T) {
+	coll, err := engine.FindCollectionsPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := t.TempDir()
+	write := func(role, phase, body string) {
+		t.Helper()
+		dir := filepath.Join(roles, role, "tasks")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, phase+".yml"), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ph := range []string{"install", "join", "leave"} {
+		write("good", ph, task)
+	}
+	write("noleave", "install", task)
+	write("noleave", "join", task)
+	write("varleave", "install", task)
+	write("varleave", "join", task)
+	write("varleave", "leave", "- ansible.builtin.debug:\n    msg: \"{{ kpssh_vars.cluster }}\"\n")
+	write("notalist", "install", "not: a list\n")
+	write("notalist", "join", task)
+	write("notalist", "leave", task)
+
+	e, err := engine.New(engine.Options{CollectionsPath: coll, RolesPath: []string{roles}, RunDirBase: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct{ role, want, prefix string }{
+		{"good", "", ""},
+		{"missing", "not found", "install"},
+		{"noleave", "no tasks/leave.yml", "leave"},
+		{"varleave", "kpssh_vars", "leave"},
+		{"notalist", "YAML list", "install"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.role, func(t *testing.T) {
+			err := Validate(role(tc.role), e)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), tc.prefix) {
+				t.Fatalf("Validate = %v, want %q starting with %q", err, tc.want, tc.prefix)
+			}
+		})
+	}
+}
+
+// Example of the message a node class condition carries.
+func ExampleValidate() {
+	p := scripts("i", "j", "echo {{ .Vars.clusterName }}", "")
+	fmt.Println(Validate(p, nil))
+	// Output: leave script references .Vars: leave renders with the empty context (only .HostAddress and .NodeAddress) — it must work without a node class
+}

@@ -1,0 +1,182 @@
+// Package phase runs one join-profile phase on one SSHHost: it turns the
+// Kubernetes objects (host, profile, credentials) into a plain engine
+// request, runs it, and records the outcome on the host (status.lastPhase,
+// a PhaseFailed event, kpssh_instance_phase_duration_seconds). It is the
+// only place where the API types meet the engine; the cloud provider calls
+// it and knows nothing of playbooks, and the engine knows nothing of hosts.
+package phase
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/karpenter/pkg/events"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/profile"
+	"github.com/dklesev/kpssh/internal/providers/hostkey"
+)
+
+// ReasonPhaseFailed is the SSHHost event of a failed phase.
+const ReasonPhaseFailed = "PhaseFailed"
+
+// Runner runs phases on hosts.
+type Runner struct {
+	Engine engine.Engine
+	Keys   hostkey.Provider
+	// HostKey turns the pinned fingerprint into the key line known_hosts
+	// needs (status keeps only the fingerprint); engine.FetchHostKey.
+	HostKey  func(ctx context.Context, conn engine.Connection, fingerprint string) (string, error)
+	Recorder events.Recorder
+	Now      func() time.Time
+}
+
+// New returns a Runner with the default host-key fetcher and clock.
+func New(e engine.Engine, keys hostkey.Provider, rec events.Recorder) *Runner {
+	return &Runner{Engine: e, Keys: keys, HostKey: engine.FetchHostKey, Recorder: rec, Now: time.Now}
+}
+
+// Outcome is a phase result plus the lastPhase record for the host.
+type Outcome struct {
+	engine.Result
+	LastPhase *v1beta1.LastPhase
+}
+
+// OK reports success.
+func (o Outcome) OK() bool { return o.Outcome == engine.Succeeded }
+
+// HostSide reports whether the failure is the host's (→ Unhealthy) rather
+// than configuration found before the host was touched (→ Available).
+func (o Outcome) HostSide() bool {
+	// Unreachable counts as the host's problem too (SPEC: unreachable →
+	// Unhealthy); only config errors release the host Available.
+	return o.Outcome != engine.ConfigError && o.Outcome != engine.Succeeded
+}
+
+// Connection builds the engine connection for a host; keyLine is the pinned
+// host key line.
+func Connection(h *v1beta1.SSHHost, creds hostkey.Credentials, keyLine string) engine.Connection {
+	return engine.Connection{
+		Address:    h.Spec.Address,
+		Port:       h.Spec.Port,
+		User:       h.Spec.User,
+		PrivateKey: creds.PrivateKey,
+		HostKey:    keyLine,
+	}
+}
+
+// Request builds the engine request for phase ph of profile p.
+func Request(p *v1beta1.SSHJoinProfile, ph engine.Phase, conn engine.Connection, c engine.Context, redact []string) (engine.Request, error) {
+	src, ok := profile.Source(p, ph)
+	if !ok {
+		return engine.Request{}, fmt.Errorf("join profile %q has no %s phase", p.Name, ph)
+	}
+	return engine.Request{Phase: ph, Conn: conn, Source: src, Context: c, Timeout: profile.Timeout(p, ph), Redact: redact}, nil
+}
+
+// Run runs phase ph of profile p on host h. It never returns an error: every
+// failure is an Outcome (ConfigError when nothing reached the host).
+func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) Outcome {
+	start := r.Now()
+	res := r.run(ctx, h, p, ph, c, redact)
+	if res.Duration == 0 {
+		res.Duration = r.Now().Sub(start)
+	}
+	PhaseDuration.WithLabelValues(string(ph), string(res.Outcome)).Observe(res.Duration.Seconds())
+	o := Outcome{Result: res, LastPhase: Record(ph, res, start)}
+	if !o.OK() && r.Recorder != nil {
+		r.Recorder.Publish(phaseFailed(h, ph, res))
+	}
+	return o
+}
+
+func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) engine.Result {
+	if p == nil {
+		return configResult(fmt.Errorf("no join profile for %s", ph))
+	}
+	creds, err := r.Keys.Get(ctx, h)
+	if err != nil {
+		return configResult(err)
+	}
+	if creds.PinnedFingerprint == "" {
+		// Never trust on first use inside a phase: the probe pins first.
+		return configResult(fmt.Errorf("host %s has no pinned host key yet (not probed)", h.Name))
+	}
+	conn := Connection(h, creds, "")
+	line, err := r.HostKey(ctx, conn, creds.PinnedFingerprint)
+	if err != nil {
+		// Not reached: the dial or the host-key check failed. A host problem.
+		return engine.Result{Outcome: engine.Failed, ExitCode: -1, Message: engine.NewRedactor(redact...).Redact("connect: " + err.Error())}
+	}
+	conn.HostKey = line
+	req, err := Request(p, ph, conn, c, redact)
+	if err != nil {
+		return configResult(err)
+	}
+	return r.Engine.Run(ctx, req)
+}
+
+func configResult(err error) engine.Result {
+	return engine.Result{Outcome: engine.ConfigError, ExitCode: -1, Message: err.Error()}
+}
+
+// Record is the status.lastPhase entry of a run.
+func Record(ph engine.Phase, res engine.Result, start time.Time) *v1beta1.LastPhase {
+	lp := &v1beta1.LastPhase{
+		Phase:      v1beta1.Phase(ph),
+		StartedAt:  metav1.NewTime(start),
+		Duration:   metav1.Duration{Duration: res.Duration.Round(time.Millisecond)},
+		FailedTask: truncate(res.FailedTask, 1024),
+		Message:    truncate(res.Message, 4096),
+	}
+	switch res.Outcome {
+	case engine.Succeeded:
+		lp.Result = v1beta1.PhaseSucceeded
+	case engine.TimedOut:
+		lp.Result = v1beta1.PhaseTimedOut
+	case engine.ConfigError:
+		// The API's word for "refused before running" (config errors, and
+		// in Verified mode rejected signatures).
+		lp.Result = v1beta1.PhaseRejected
+	default:
+		lp.Result = v1beta1.PhaseFailed
+	}
+	return lp
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	// Cut on a rune boundary.
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}
+
+// Summary is a one-line description of a failed outcome for events and
+// conditions (already redacted by the engine).
+func Summary(ph engine.Phase, res engine.Result) string {
+	s := fmt.Sprintf("%s %s", ph, res.Outcome)
+	if res.FailedTask != "" {
+		s += fmt.Sprintf(" at task %q", res.FailedTask)
+	}
+	if res.RC != 0 {
+		s += fmt.Sprintf(" (rc %d)", res.RC)
+	}
+	if res.Message != "" {
+		s += ": " + res.Message
+	}
+	return truncate(s, 1024)
+}
+
+func phaseFailed(h *v1beta1.SSHHost, ph engine.Phase, res engine.Result) events.Event {
+	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonPhaseFailed,
+		Message:      Summary(ph, res),
+		DedupeValues: []string{string(h.UID), string(ph), string(res.Outcome), res.FailedTask}}
+}
