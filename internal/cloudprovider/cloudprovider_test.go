@@ -299,6 +299,25 @@ func TestCreateHappyPath(t *testing.T) {
 	}
 }
 
+// The token id is on the host before join runs: a crash during join leaves
+// it findable (and deletable).
+func TestCreateRecordsTokenBeforeJoin(t *testing.T) {
+	w := newWorld(t, nil, standard(newHost("h1", "small"))...)
+	var seen string
+	w.ph.during = func(ph engine.Phase) {
+		if ph == engine.PhaseJoin {
+			seen = w.host(t, "h1").Status.BootstrapTokenID
+		}
+	}
+	if _, err := w.cp.Create(context.Background(), newNodeClaim("a")); err != nil {
+		t.Fatal(err)
+	}
+	join := w.ph.calls[len(w.ph.calls)-1].Ctx.BootstrapToken
+	if seen == "" || !strings.HasPrefix(join, seen+".") {
+		t.Fatalf("host recorded %q when join ran with token %q", seen, join)
+	}
+}
+
 func TestCreateSkipsInstallWhenMarkerCurrent(t *testing.T) {
 	w := newWorld(t, nil, standard(newHost("h1", "small", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "prof@2" }))...)
 	if _, err := w.cp.Create(context.Background(), newNodeClaim("a")); err != nil {
@@ -614,6 +633,9 @@ func TestDelete(t *testing.T) {
 				t.Fatalf("leave ran with %q, want %q", ran, tc.wantLeave)
 			}
 			if tc.wantErr == nil {
+				if tc.host.Status.BootstrapTokenID != "" && !contains(w.tok.deleted, tc.host.Status.BootstrapTokenID) {
+					t.Fatalf("token %s not deleted on release (deleted %v)", tc.host.Status.BootstrapTokenID, w.tok.deleted)
+				}
 				if h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" || h.Status.ProviderID != "" {
 					t.Fatalf("not released: %+v", h.Status)
 				}
