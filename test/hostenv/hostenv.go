@@ -97,6 +97,10 @@ var worldSeq atomic.Int64
 // tears the world down.
 func Up(t testing.TB, n int) *World {
 	t.Helper()
+	if testing.Short() {
+		// -short is the quick loop (make test-unit): no root, no image build.
+		t.Skip("-short: hostenv worlds need root, systemd-nspawn and the host image (make test runs them)")
+	}
 	if err := CheckPrerequisites(); err != nil {
 		t.Fatalf("hostenv: %v", err)
 	}
