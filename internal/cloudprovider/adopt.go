@@ -14,7 +14,7 @@ import (
 // returns that providerID. The Node is matched by InternalIP = the host's
 // node address.
 func (c *CloudProvider) adopt(ctx context.Context, h *v1beta1.SSHHost) (string, error) {
-	addr := nodeAddress(h)
+	addr := NodeAddress(h)
 	deadline := c.Clock.Now().Add(c.AdoptTimeout)
 	for {
 		id, err := c.nodeProviderIDByIP(ctx, addr)
@@ -53,4 +53,3 @@ func (c *CloudProvider) nodeProviderIDByIP(ctx context.Context, ip string) (stri
 	}
 	return "", nil
 }
-

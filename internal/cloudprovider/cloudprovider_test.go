@@ -362,7 +362,7 @@ func TestCreateVerdicts(t *testing.T) {
 				nc.Spec.Requirements = append(nc.Spec.Requirements, karpv1.NodeSelectorRequirementWithMinValues{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"arm64"}})
 			}), wantErr: cloudprovider.IsInsufficientCapacityError, wantState: v1beta1.HostAvailable},
 		{name: "requests exceed allocatable", objs: standard(newHost("h1", "small")),
-			claim: newNodeClaim("c", func(nc *karpv1.NodeClaim) { nc.Spec.Resources.Requests[corev1.ResourceCPU] = resource.MustParse("8") }),
+			claim:   newNodeClaim("c", func(nc *karpv1.NodeClaim) { nc.Spec.Resources.Requests[corev1.ResourceCPU] = resource.MustParse("8") }),
 			wantErr: cloudprovider.IsInsufficientCapacityError, wantState: v1beta1.HostAvailable},
 		{name: "missing profile → config error, Available", objs: []client.Object{nodeClass(), newHost("h1", "small")},
 			wantErr: isCreateError, wantState: v1beta1.HostAvailable, wantEvent: ReasonJoinFailed},

@@ -18,7 +18,6 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
-	"github.com/dklesev/kpssh/internal/profile"
 	"github.com/dklesev/kpssh/internal/providers/pool"
 )
 
@@ -155,8 +154,11 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	if prof == nil {
 		return nil, c.fail(ctx, nodeClaim, h, claim, configFailure(fmt.Sprintf("SSHJoinProfile %q not found", nc.Spec.JoinProfileRef.Name)))
 	}
-	secrets, err := c.joinSecrets(ctx, nc)
+	secrets, err := JoinSecrets(ctx, c.Live, c.Pool.Namespace, nc)
 	if err != nil {
+		if !apierrors.IsNotFound(err) && !errors.Is(err, ErrSecretKey) {
+			return nil, err // an API failure: retry, keep the claim
+		}
 		return nil, c.fail(ctx, nodeClaim, h, claim, configFailure(err.Error()))
 	}
 	info, err := c.Cluster.Get(ctx, nc)
@@ -164,21 +166,8 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 		return nil, c.fail(ctx, nodeClaim, h, claim, configFailure(err.Error()))
 	}
 	redact := secretValues(secrets)
-	pc := engine.Context{
-		ClusterEndpoint: info.Endpoint,
-		ClusterCAB64:    info.CAB64,
-		NodeName:        h.Name,
-		HostAddress:     h.Spec.Address,
-		NodeAddress:     nodeAddress(h),
-		NodeLabels:      NodeLabels(nodeClaim, it),
-		Taints:          Taints(nodeClaim),
-		Vars:            profile.Vars(prof, nc),
-		Secrets:         secrets,
-	}
+	pc := JoinContext(h, nc, prof, nodeClaim, it, info, secrets)
 	static := nc.Spec.ProviderIDSource != v1beta1.ProviderIDAdopt
-	if static {
-		pc.ProviderID = ProviderID(h.Namespace, h.Name)
-	}
 
 	if h.Status.InstalledProfile != prof.Marker() {
 		out := c.Phases.Run(ctx, h, prof, engine.PhaseInstall, pc, redact)
@@ -229,43 +218,12 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	return c.hydrate(nodeClaim, h, it, nc), nil
 }
 
-// joinSecrets reads the node class's joinSecretRef (pool namespace).
-func (c *CloudProvider) joinSecrets(ctx context.Context, nc *v1beta1.SSHNodeClass) (map[string]string, error) {
-	if nc.Spec.JoinSecretRef == nil || nc.Spec.JoinSecretRef.Name == "" {
-		return nil, nil
-	}
-	s := &corev1.Secret{}
-	key := client.ObjectKey{Namespace: c.Pool.Namespace, Name: nc.Spec.JoinSecretRef.Name}
-	if err := c.Live.Get(ctx, key, s); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("join secret %s/%s of node class %s not found", key.Namespace, key.Name, nc.Name)
-		}
-		return nil, fmt.Errorf("read join secret %s/%s: %w", key.Namespace, key.Name, err)
-	}
-	out := make(map[string]string, len(s.Data)+len(s.StringData))
-	for k, v := range s.Data {
-		if !engine.IsIdentifier(k) {
-			// The value is never quoted: only the key name is.
-			return nil, fmt.Errorf("join secret %s/%s: key %q is not a shell identifier (KPSSH_SECRET_<KEY>)", key.Namespace, key.Name, k)
-		}
-		out[k] = string(v)
-	}
-	return out, nil
-}
-
 func secretValues(m map[string]string) []string {
 	out := make([]string, 0, len(m))
 	for _, v := range m {
 		out = append(out, v)
 	}
 	return out
-}
-
-func nodeAddress(h *v1beta1.SSHHost) string {
-	if h.Spec.NodeAddress != "" {
-		return h.Spec.NodeAddress
-	}
-	return h.Spec.Address
 }
 
 // NodeLabels is KPSSH_NODE_LABELS: the NodeClaim's labels plus the instance

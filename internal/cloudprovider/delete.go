@@ -73,4 +73,3 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	logFor(ctx, nodeClaim).Info("host left", "host", h.Name, "state", state)
 	return nil
 }
-

@@ -1,0 +1,602 @@
+// Package cli holds the kpssh command-line subcommands (cmd/kpssh dispatches
+// to them). They read the cluster with a controller-runtime client and reuse
+// the controller's own packages, so what they show is what the controller
+// would do.
+package cli
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	karpcp "sigs.k8s.io/karpenter/pkg/cloudprovider"
+	"sigs.k8s.io/karpenter/pkg/scheduling"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/cloudprovider"
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/profile"
+	"github.com/dklesev/kpssh/internal/providers/clusterinfo"
+	"github.com/dklesev/kpssh/internal/providers/instancetype"
+	"github.com/dklesev/kpssh/internal/providers/leave"
+	"github.com/dklesev/kpssh/internal/providers/phase"
+)
+
+// Exit codes of every kpssh subcommand.
+const (
+	ExitOK      = 0
+	ExitRuntime = 1 // the API server could not be reached or answered with an error
+	ExitUsage   = 2 // bad arguments or configuration: unknown host, bad phase, invalid profile…
+)
+
+// BootstrapTokenPlaceholder stands in for the join token: render never mints
+// one. Render masks the part after the dot like a real token's secret, so
+// the output shows BootstrapTokenShown.
+const (
+	BootstrapTokenPlaceholder = "<bootstrap-token-id>.<bootstrap-token-secret>"
+	BootstrapTokenShown       = "<bootstrap-token-id>." + engine.Mask
+)
+
+// Cluster info placeholders when neither the node class nor
+// kube-public/cluster-info gives it.
+const (
+	ClusterEndpointPlaceholder = "<cluster-endpoint>"
+	ClusterCAPlaceholder       = "<cluster-ca-b64>"
+)
+
+// DefaultAPITimeout bounds all API reads of one command.
+const DefaultAPITimeout = 30 * time.Second
+
+// exitError carries an exit code; its message is safe to print (no secret
+// values ever reach one).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageErr(format string, a ...any) error {
+	return &exitError{code: ExitUsage, err: fmt.Errorf(format, a...)}
+}
+
+func runtimeErr(format string, a ...any) error {
+	return &exitError{code: ExitRuntime, err: fmt.Errorf(format, a...)}
+}
+
+// ExitCode maps an error of a subcommand to its exit code: ExitUsage for
+// usage and configuration errors, ExitRuntime for everything else.
+func ExitCode(err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	return ExitRuntime
+}
+
+// apiErr classifies an API error for a read of what: NotFound is the
+// caller's configuration (ExitUsage, with notFound as the message), anything
+// else (unreachable, forbidden, timeout) is ExitRuntime.
+func apiErr(err error, notFound string, what string) error {
+	if apierrors.IsNotFound(err) && notFound != "" {
+		return usageErr("%s", notFound)
+	}
+	return runtimeErr("read %s: %w", what, err)
+}
+
+// Connect builds a client from a kubeconfig path ("" = the usual loading
+// rules: $KUBECONFIG, ~/.kube/config, in-cluster). A kubeconfig that cannot
+// be loaded is a usage error; nothing is dialled here.
+func Connect(kubeconfig string, timeout time.Duration) (client.Reader, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, usageErr("kubeconfig: %w", err)
+	}
+	cfg.Timeout = timeout
+	cfg.UserAgent = "kpssh-cli"
+	c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		return nil, runtimeErr("API client: %w", err)
+	}
+	return c, nil
+}
+
+// RenderOptions says what to render.
+type RenderOptions struct {
+	Namespace string // the pool namespace
+	Host      string
+	Phase     engine.Phase
+	NodeClass string // "" = resolve (NodeClaim, then host selectors)
+}
+
+// Renderer resolves what a phase would run on a host, the way the
+// controller would, and renders it with the engine, secrets masked.
+type Renderer struct {
+	Client  client.Reader
+	Cluster clusterinfo.Provider // nil = clusterinfo.New(Client)
+	// Warn receives warnings (a placeholder used, a stale claimRef…); nil
+	// discards them.
+	Warn func(msg string)
+}
+
+// Rendered is a rendering and what it was resolved from.
+type Rendered struct {
+	Host      *v1beta1.SSHHost
+	Phase     engine.Phase
+	Profile   *v1beta1.SSHJoinProfile
+	NodeClass *v1beta1.SSHNodeClass // nil for leave
+	// ProfileFrom, NodeClassFrom and Inputs say where things came from, for
+	// the header.
+	ProfileFrom, NodeClassFrom string
+	Inputs                     []string
+	// Text is engine.Render's output (secrets masked).
+	Text string
+}
+
+// Header is the comment block naming host, phase, profile and node class.
+func (r *Rendered) Header() string {
+	var b strings.Builder
+	h := r.Host
+	fmt.Fprintf(&b, "# kpssh render %s %s\n", h.Name, r.Phase)
+	fmt.Fprintf(&b, "# host:       %s/%s (address %s, class %s, state %s)\n", h.Namespace, h.Name, h.Spec.Address, h.Class(), h.CurrentState())
+	fmt.Fprintf(&b, "# phase:      %s\n", r.Phase)
+	fmt.Fprintf(&b, "# profile:    %s (%s)\n", r.Profile.Marker(), r.ProfileFrom)
+	if r.NodeClass != nil {
+		fmt.Fprintf(&b, "# node class: %s (%s)\n", r.NodeClass.Name, r.NodeClassFrom)
+	} else {
+		fmt.Fprintf(&b, "# node class: none (%s)\n", r.NodeClassFrom)
+	}
+	for _, in := range r.Inputs {
+		fmt.Fprintf(&b, "# input:      %s\n", in)
+	}
+	b.WriteString("# The SSH key is never read or shown; secret values are masked (***).\n")
+	return b.String()
+}
+
+func (r *Renderer) warn(format string, a ...any) {
+	if r.Warn != nil {
+		r.Warn(fmt.Sprintf(format, a...))
+	}
+}
+
+// Render resolves and renders one phase of one host.
+func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, error) {
+	if !o.Phase.Valid() {
+		return nil, usageErr("unknown phase %q (want install, join, leave or uninstall)", o.Phase)
+	}
+	h := &v1beta1.SSHHost{}
+	key := client.ObjectKey{Namespace: o.Namespace, Name: o.Host}
+	if err := r.Client.Get(ctx, key, h); err != nil {
+		return nil, apiErr(err, fmt.Sprintf("SSHHost %s/%s not found (pool namespace: --namespace or $POOL_NAMESPACE)", key.Namespace, key.Name), "SSHHost "+key.String())
+	}
+	out := &Rendered{Host: h, Phase: o.Phase}
+	var pc engine.Context
+	var redact []string
+	if o.Phase == engine.PhaseLeave {
+		if o.NodeClass != "" {
+			r.warn("--nodeclass %s is ignored for leave: leave runs the install marker's profile with the empty context", o.NodeClass)
+		}
+		p, err := leave.Profile(ctx, r.Client, h)
+		if err != nil {
+			return nil, runtimeErr("read the install marker's profile: %w", err)
+		}
+		out.Profile = p
+		out.ProfileFrom = leaveProfileFrom(h, p)
+		out.NodeClassFrom = "leave runs the install marker's profile with the empty context"
+		pc = leave.EmptyContext(h)
+		out.Inputs = append(out.Inputs, "empty context: only the host and node addresses, no vars, no secrets, no token")
+	} else {
+		claim, err := r.nodeClaim(ctx, h)
+		if err != nil {
+			return nil, err
+		}
+		nc, from, err := r.nodeClass(ctx, h, claim, o.NodeClass)
+		if err != nil {
+			return nil, err
+		}
+		out.NodeClass, out.NodeClassFrom = nc, from
+		p := &v1beta1.SSHJoinProfile{}
+		name := nc.Spec.JoinProfileRef.Name
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, p); err != nil {
+			return nil, apiErr(err, fmt.Sprintf("SSHJoinProfile %q (joinProfileRef of SSHNodeClass %s) not found", name, nc.Name), "SSHJoinProfile "+name)
+		}
+		out.Profile = p
+		out.ProfileFrom = "joinProfileRef of SSHNodeClass " + nc.Name
+		if h.Status.InstalledProfile != "" && h.Status.InstalledProfile != p.Marker() {
+			out.Inputs = append(out.Inputs, fmt.Sprintf("the host's install marker is %s, not %s", h.Status.InstalledProfile, p.Marker()))
+		}
+		if pc, redact, err = r.joinContext(ctx, o, h, nc, p, claim, out); err != nil {
+			return nil, err
+		}
+	}
+	if err := profile.Validate(out.Profile, nil); err != nil {
+		switch {
+		case o.Phase != engine.PhaseLeave:
+			return nil, usageErr("SSHJoinProfile %s is invalid: %v", out.Profile.Name, err)
+		case out.Profile.Name != leave.FallbackProfile().Name:
+			// The controller runs a marker profile's leave whatever its
+			// other phases look like today; the engine checks leave itself.
+			r.warn("SSHJoinProfile %s is invalid (%v); rendering its leave, as the controller would run it", out.Profile.Name, err)
+		}
+	}
+	conn, err := placeholderConnection(h)
+	if err != nil {
+		return nil, runtimeErr("placeholder key: %w", err)
+	}
+	req, err := phase.Request(out.Profile, o.Phase, conn, pc, redact)
+	if err != nil {
+		return nil, usageErr("%v", err)
+	}
+	text, err := engine.Render(req, true)
+	if err != nil {
+		// Render redacts its errors when masking.
+		return nil, usageErr("render %s of SSHJoinProfile %s: %v", o.Phase, out.Profile.Name, err)
+	}
+	out.Text = text
+	return out, nil
+}
+
+func leaveProfileFrom(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile) string {
+	m := h.Status.InstalledProfile
+	switch {
+	case p.Name == leave.FallbackProfile().Name && m == "":
+		return "the host has no install marker: the fallback leave"
+	case p.Name == leave.FallbackProfile().Name:
+		return fmt.Sprintf("install marker %s names no existing profile: the fallback leave", m)
+	case m != p.Marker():
+		return fmt.Sprintf("install marker %s; the profile is at version %s now", m, p.Spec.Version)
+	}
+	return "the host's install marker"
+}
+
+// joinContext builds the context install/join/uninstall would get.
+func (r *Renderer) joinContext(ctx context.Context, o RenderOptions, h *v1beta1.SSHHost, nc *v1beta1.SSHNodeClass, p *v1beta1.SSHJoinProfile, claim *karpv1.NodeClaim, out *Rendered) (engine.Context, []string, error) {
+	secrets, err := cloudprovider.JoinSecrets(ctx, r.Client, o.Namespace, nc)
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return engine.Context{}, nil, usageErr("join secret %s/%s of SSHNodeClass %s not found", o.Namespace, nc.Spec.JoinSecretRef.Name, nc.Name)
+		}
+		if errors.Is(err, cloudprovider.ErrSecretKey) {
+			return engine.Context{}, nil, usageErr("%v", err)
+		}
+		return engine.Context{}, nil, runtimeErr("%v", err)
+	}
+	if len(secrets) > 0 {
+		out.Inputs = append(out.Inputs, fmt.Sprintf("%d secret(s) from Secret %s/%s: %s (values masked)", len(secrets), o.Namespace, nc.Spec.JoinSecretRef.Name, strings.Join(sortedKeys(secrets), ", ")))
+	}
+	cl := r.Cluster
+	if cl == nil {
+		cl = clusterinfo.New(r.Client)
+	}
+	info, err := cl.Get(ctx, nc)
+	switch {
+	case err != nil:
+		r.warn("cluster info: %v; rendering with placeholders %s and %s", err, ClusterEndpointPlaceholder, ClusterCAPlaceholder)
+		info = clusterinfo.Info{Endpoint: ClusterEndpointPlaceholder, CAB64: ClusterCAPlaceholder}
+		out.Inputs = append(out.Inputs, "cluster endpoint and CA: placeholders (see the warning on stderr)")
+	case nc.Spec.Cluster != nil && nc.Spec.Cluster.Endpoint != "":
+		out.Inputs = append(out.Inputs, "cluster endpoint and CA: spec.cluster of SSHNodeClass "+nc.Name)
+	default:
+		out.Inputs = append(out.Inputs, "cluster endpoint and CA: "+clusterinfo.Namespace+"/"+clusterinfo.Name)
+	}
+	it := hostInstanceType(h, nc)
+	nodeClaim := claim
+	if nodeClaim == nil {
+		// Unclaimed: what a fresh NodeClaim gets at the least — the
+		// unregistered taint and the host class's labels.
+		nodeClaim = &karpv1.NodeClaim{}
+		out.Inputs = append(out.Inputs, "node labels and taints: not claimed, so the host class's labels and the unregistered taint only")
+	} else {
+		out.Inputs = append(out.Inputs, "node labels and taints: NodeClaim "+claim.Name)
+	}
+	pc := cloudprovider.JoinContext(h, nc, p, nodeClaim, it, info, secrets)
+	if o.Phase == engine.PhaseJoin {
+		pc.BootstrapToken = BootstrapTokenPlaceholder
+		out.Inputs = append(out.Inputs, "bootstrap token: placeholder "+BootstrapTokenShown+" (render never mints a token)")
+	}
+	return pc, secretValues(secrets), nil
+}
+
+// hostInstanceType is the instance type of the host's class under nc, built
+// by the controller's own code from this host (its single-valued labels —
+// instance type, arch, os, zone, capacity type — are the class's). A host
+// not probed yet (no arch) or a class the node class cannot price gets the
+// instance-type label alone.
+func hostInstanceType(h *v1beta1.SSHHost, nc *v1beta1.SSHNodeClass) *karpcp.InstanceType {
+	if cls := instancetype.Classes(logr.Discard(), []v1beta1.SSHHost{*h}); len(cls) == 1 {
+		if it, err := instancetype.New(cls[0], nc); err == nil {
+			return it
+		}
+	}
+	return &karpcp.InstanceType{
+		Name:         h.Class(),
+		Requirements: scheduling.NewRequirements(scheduling.NewRequirement(corev1.LabelInstanceTypeStable, corev1.NodeSelectorOpIn, h.Class())),
+	}
+}
+
+// nodeClaim is the NodeClaim the host's claimRef names, nil when unclaimed
+// (or the claimRef is stale: a warning, the host is rendered as unclaimed).
+func (r *Renderer) nodeClaim(ctx context.Context, h *v1beta1.SSHHost) (*karpv1.NodeClaim, error) {
+	ref := h.Status.ClaimRef
+	if ref == nil || ref.Name == "" {
+		return nil, nil
+	}
+	nc := &karpv1.NodeClaim{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: ref.Name}, nc); err != nil {
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			r.warn("host %s is claimed by NodeClaim %s, which does not exist: rendering it as unclaimed", h.Name, ref.Name)
+			return nil, nil
+		}
+		return nil, runtimeErr("read NodeClaim %s: %w", ref.Name, err)
+	}
+	if ref.UID != "" && nc.UID != ref.UID {
+		r.warn("host %s's claimRef names NodeClaim %s with uid %s, but that NodeClaim has uid %s: rendering the host as unclaimed", h.Name, ref.Name, ref.UID, nc.UID)
+		return nil, nil
+	}
+	return nc, nil
+}
+
+func ours(ref *karpv1.NodeClassReference) bool {
+	return ref != nil && ref.Group == v1beta1.Group && ref.Kind == "SSHNodeClass" && ref.Name != ""
+}
+
+// nodeClass resolves the node class: --nodeclass, else the claiming
+// NodeClaim's, else the only one whose hostSelector selects the host.
+func (r *Renderer) nodeClass(ctx context.Context, h *v1beta1.SSHHost, claim *karpv1.NodeClaim, flagName string) (*v1beta1.SSHNodeClass, string, error) {
+	get := func(name string) (*v1beta1.SSHNodeClass, error) {
+		nc := &v1beta1.SSHNodeClass{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, nc); err != nil {
+			return nil, apiErr(err, fmt.Sprintf("SSHNodeClass %q not found", name), "SSHNodeClass "+name)
+		}
+		return nc, nil
+	}
+	if flagName != "" {
+		nc, err := get(flagName)
+		if err != nil {
+			return nil, "", err
+		}
+		if claim != nil && ours(claim.Spec.NodeClassRef) && claim.Spec.NodeClassRef.Name != flagName {
+			r.warn("host %s is claimed by NodeClaim %s of SSHNodeClass %s; rendering with --nodeclass %s as asked", h.Name, claim.Name, claim.Spec.NodeClassRef.Name, flagName)
+		} else if ok, err := selects(nc, h); err == nil && !ok {
+			r.warn("SSHNodeClass %s does not select host %s (hostSelector); rendering with it as asked", flagName, h.Name)
+		}
+		return nc, "--nodeclass", nil
+	}
+	if claim != nil {
+		if ours(claim.Spec.NodeClassRef) {
+			nc, err := get(claim.Spec.NodeClassRef.Name)
+			if err != nil {
+				return nil, "", err
+			}
+			return nc, "of NodeClaim " + claim.Name, nil
+		}
+		r.warn("NodeClaim %s does not reference an SSHNodeClass; resolving the node class by host selector", claim.Name)
+	}
+	list := &v1beta1.SSHNodeClassList{}
+	if err := r.Client.List(ctx, list); err != nil {
+		return nil, "", runtimeErr("list SSHNodeClasses: %w", err)
+	}
+	var match, all []string
+	var found *v1beta1.SSHNodeClass
+	for i := range list.Items {
+		nc := &list.Items[i]
+		all = append(all, nc.Name)
+		ok, err := selects(nc, h)
+		if err != nil {
+			r.warn("SSHNodeClass %s: invalid hostSelector: %v", nc.Name, err)
+			continue
+		}
+		if ok {
+			match = append(match, nc.Name)
+			found = nc
+		}
+	}
+	sort.Strings(match)
+	sort.Strings(all)
+	switch len(match) {
+	case 1:
+		return found, "the only SSHNodeClass whose hostSelector selects the host", nil
+	case 0:
+		if len(all) == 0 {
+			return nil, "", usageErr("no SSHNodeClass exists; create one or pass --nodeclass NAME")
+		}
+		return nil, "", usageErr("no SSHNodeClass selects host %s (SSHNodeClasses: %s); pass --nodeclass NAME", h.Name, strings.Join(all, ", "))
+	}
+	return nil, "", usageErr("host %s is selected by %d SSHNodeClasses (%s); pass --nodeclass NAME", h.Name, len(match), strings.Join(match, ", "))
+}
+
+// selects applies the controller's rule: no hostSelector selects every host.
+func selects(nc *v1beta1.SSHNodeClass, h *v1beta1.SSHHost) (bool, error) {
+	if nc.Spec.HostSelector == nil {
+		return true, nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(nc.Spec.HostSelector)
+	if err != nil {
+		return false, err
+	}
+	return sel.Matches(labels.Set(h.Labels)), nil
+}
+
+// placeholderConnection is the host's address, port and user with an SSH
+// key pair made up in memory: engine.Render validates a key and a pinned
+// host key but never prints either, and render must not read the host's
+// key Secret at all.
+func placeholderConnection(h *v1beta1.SSHHost) (engine.Connection, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return engine.Connection{}, err
+	}
+	blk, err := ssh.MarshalPrivateKey(priv, "kpssh render placeholder")
+	if err != nil {
+		return engine.Connection{}, err
+	}
+	sp, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		return engine.Connection{}, err
+	}
+	return engine.Connection{
+		Address:    h.Spec.Address,
+		Port:       h.Spec.Port,
+		User:       h.Spec.User,
+		PrivateKey: pem.EncodeToMemory(blk),
+		HostKey:    strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sp))),
+	}, nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func secretValues(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		out = append(out, m[k])
+	}
+	return out
+}
+
+// renderCmd is `kpssh render` with its dependencies injectable for tests.
+type renderCmd struct {
+	connect func(kubeconfig string, timeout time.Duration) (client.Reader, error)
+	cluster clusterinfo.Provider // nil = from the client
+	getenv  func(string) string
+}
+
+// RenderUsage is the synopsis of `kpssh render`.
+const RenderUsage = `usage: kpssh render [--kubeconfig PATH] [--namespace POOL_NS] [--nodeclass NAME] [--timeout 30s] HOST PHASE
+
+Print the playbook and the script (with its KPSSH_* preamble), or the
+variables file and task list, that PHASE (install, join, leave, uninstall)
+would run on the SSHHost HOST — secrets masked, the SSH key never read.
+The node class is --nodeclass, else the class of the NodeClaim holding the
+host, else the only SSHNodeClass whose hostSelector selects it. Leave uses
+the install marker's profile and the empty context. join shows a
+placeholder bootstrap token (render never mints one).
+
+Exit status: 0 rendered, 1 API error (unreachable, forbidden), 2 usage or
+configuration error (unknown host, bad phase, invalid profile, ...).
+
+flags:
+`
+
+// Render is `kpssh render` (args without the subcommand name). It writes the
+// rendering to stdout, warnings and errors to stderr, and returns the exit
+// code.
+func Render(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return renderCmd{connect: Connect, getenv: os.Getenv}.run(ctx, args, stdout, stderr)
+}
+
+func (c renderCmd) run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	// controller-runtime complains on stderr when its logger is never set.
+	ctrllog.SetLogger(logr.Discard())
+	fs := flag.NewFlagSet("kpssh render", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, RenderUsage)
+		fs.PrintDefaults()
+	}
+	defNS := c.getenv("POOL_NAMESPACE")
+	if defNS == "" {
+		defNS = v1beta1.DefaultPoolNamespace
+	}
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig `path` (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+	ns := fs.String("namespace", defNS, "pool `namespace` holding the SSHHosts and the join Secret; $POOL_NAMESPACE sets the default")
+	ncName := fs.String("nodeclass", "", "SSHNodeClass `name` (default: the claiming NodeClaim's, else the only one selecting the host)")
+	timeout := fs.Duration("timeout", DefaultAPITimeout, "bound on the API reads")
+	pos, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return ExitOK
+	}
+	if err != nil {
+		return ExitUsage // the flag package printed the error and the usage
+	}
+	if len(pos) != 2 {
+		fmt.Fprintf(stderr, "kpssh render: want HOST PHASE, got %d argument(s)\n", len(pos))
+		fs.Usage()
+		return ExitUsage
+	}
+	if *timeout <= 0 {
+		fmt.Fprintln(stderr, "kpssh render: --timeout must be positive")
+		return ExitUsage
+	}
+	o := RenderOptions{Namespace: *ns, Host: pos[0], Phase: engine.Phase(pos[1]), NodeClass: *ncName}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "kpssh render: %v\n", err)
+		return ExitCode(err)
+	}
+	// Bad input needs no API server.
+	if !o.Phase.Valid() {
+		return fail(usageErr("unknown phase %q (want install, join, leave or uninstall)", pos[1]))
+	}
+	if o.Host == "" || o.Namespace == "" {
+		return fail(usageErr("HOST and --namespace must not be empty"))
+	}
+	cl, err := c.connect(*kubeconfig, *timeout)
+	if err != nil {
+		return fail(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	r := &Renderer{Client: cl, Cluster: c.cluster, Warn: func(msg string) { fmt.Fprintf(stderr, "kpssh render: warning: %s\n", msg) }}
+	res, err := r.Render(ctx, o)
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := io.WriteString(stdout, res.Header()+"\n"+res.Text); err != nil {
+		return fail(runtimeErr("write output: %w", err))
+	}
+	return ExitOK
+}
+
+// parseInterspersed parses flags before, between and after the positional
+// arguments (`kpssh render h1 join --nodeclass x`); everything after "--" is
+// positional.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
