@@ -10,12 +10,16 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: all build generate verify-generate deps k8s-bins rootfs test test-unit test-crd test-hosts bench demo clean-world
+.PHONY: all build bin generate verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts bench demo clean-world
 
 all: build
 
 build:
 	go build ./...
+
+## bin: the controller and the kpssh CLI into bin/
+bin:
+	go build -o bin/ ./cmd/controller ./cmd/kpssh
 
 $(CONTROLLER_GEN):
 	GOBIN=$(dir $@) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
@@ -37,8 +41,16 @@ k8s-bins:
 rootfs:
 	@hack/rootfs.sh >/dev/null
 
+## runner-image: the runner image, built here with buildah from a debootstrapped base (cached; prints its ref)
+runner-image: deps
+	@hack/runner-image.sh
+
+## controller-image: the runner image plus the controller image on top of it (prints the controller's ref)
+controller-image: deps
+	@hack/runner-image.sh --controller
+
 ## test: everything CI runs
-test: deps k8s-bins rootfs $(CONTROLLER_GEN)
+test: deps k8s-bins rootfs runner-image $(CONTROLLER_GEN)
 	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) CONTROLLER_GEN=$(CONTROLLER_GEN) \
 	  go test $(GO_TEST_FLAGS) -timeout 40m ./...
 

@@ -3,7 +3,10 @@
 # does nothing when every package is present. Needs root and Debian's apt.
 set -euo pipefail
 
-pkgs=(debootstrap systemd-container iproute2 openssh-client ansible-core kmod iptables)
+pkgs=(debootstrap systemd-container iproute2 openssh-client ansible-core kmod iptables
+  # The runner image (hack/runner-image.sh): built with buildah, run with
+  # podman; runc because crun refuses this machine's hybrid cgroup layout.
+  buildah podman runc)
 
 missing=()
 for p in "${pkgs[@]}"; do

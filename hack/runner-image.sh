@@ -1,0 +1,320 @@
+#!/usr/bin/env bash
+# hack/runner-image.sh — build (once) the kpssh runner image from
+# images/runner/Dockerfile without any registry, and optionally the controller
+# image on top of it (images/controller/Dockerfile).
+#
+#   hack/runner-image.sh                 build if needed; the last stdout line
+#                                        is the image ref (localhost/kpssh-runner:<key>)
+#   hack/runner-image.sh --controller    also the controller image (its ref is
+#                                        then the last line); skipped, saying
+#                                        so, while ./cmd/controller does not exist
+#   hack/runner-image.sh --print-env     print the CONTAINERS_* variables
+#                                        (NAME=value lines) that point podman
+#                                        at this script's config and storage
+#   hack/runner-image.sh podman ARGS...  run podman with that config
+#
+# How (TESTBED §5): the Dockerfile's `FROM ${BASE}` is fed a base made here —
+# `debootstrap --variant=minbase bookworm` from the machine's Debian mirror,
+# imported with buildah (from scratch, mount, copy, commit) as
+# localhost/kpssh-runner-base:<base key> — then `buildah bud --pull=never`.
+# Podman/buildah settings live in a private config dir (hack/lib/containers.sh);
+# /etc/containers is never touched. Images are stored under
+# ${KPSSH_CACHE:-<repo>/.cache}/runner/storage.
+#
+# Caching: the runner key hashes the base key, the Dockerfile, the staged
+# context (playbooks/collections and roles/, without __pycache__) and this
+# script with its libs; the base key hashes the suite, the apt sources and the
+# base recipe. An image tagged with its key is never rebuilt, so a re-run with
+# nothing changed takes about a second. `buildah bud --layers` reuses the apt
+# layer when only the collection or roles change. Every build also tags
+# :dev, and older keyed tags are removed.
+#
+# Environment: KPSSH_CACHE (cache dir), KPSSH_RUNNER_LOG (build log path).
+set -euo pipefail
+export KPSSH_PROG=runner-image.sh
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib/common.sh
+source "$HACK/lib/common.sh"
+# shellcheck source=lib/containers.sh
+source "$HACK/lib/containers.sh"
+# shellcheck source=lib/apt.sh
+source "$HACK/lib/apt.sh"
+
+REPO=$(repo_root)
+CACHE=${KPSSH_CACHE:-$REPO/.cache}
+RC=$CACHE/runner
+SUITE=bookworm
+RUNNER_REPO=localhost/kpssh-runner
+BASE_REPO=localhost/kpssh-runner-base
+CONTROLLER_REPO=localhost/kpssh-controller
+# Bounds for the long steps (a hung mirror must not hang a test run forever).
+STEP_TIMEOUT=${KPSSH_RUNNER_STEP_TIMEOUT:-1800}
+
+usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+controller=0
+case ${1:-} in
+"") ;;
+--controller) controller=1 ;;
+--print-env)
+	mkdir -p "$RC"
+	containers_env "$RC"
+	printf 'CONTAINERS_CONF=%s\nCONTAINERS_STORAGE_CONF=%s\nCONTAINERS_REGISTRIES_CONF=%s\n' \
+		"$CONTAINERS_CONF" "$CONTAINERS_STORAGE_CONF" "$CONTAINERS_REGISTRIES_CONF"
+	exit 0
+	;;
+podman)
+	shift
+	need_cmd podman podman
+	mkdir -p "$RC"
+	containers_env "$RC"
+	exec podman "$@"
+	;;
+-h | --help) usage ;;
+*) echo "runner-image.sh: unknown argument '$1'" >&2; usage ;;
+esac
+[[ $# -le 1 ]] || usage
+
+need_root
+need_cmd debootstrap debootstrap
+need_cmd buildah buildah
+need_cmd podman podman
+need_cmd runc runc
+need_cmd sha256sum coreutils
+need_cmd flock util-linux
+need_cmd timeout coreutils
+mkdir -p "$RC"
+containers_env "$RC"
+
+# hash_files DIR PATH...: the names, modes (symlinks: targets) and content
+# hashes of the files under the PATHs (relative to DIR), __pycache__ ignored.
+# A handful of processes in all: a warm run is mostly this.
+hash_files() {
+	local dir=$1
+	shift
+	(
+		cd "$dir"
+		find "$@" \( -name __pycache__ -o -name '*.pyc' \) -prune -o \( -type f -o -type l \) -printf '%p %m %l\n' 2>/dev/null | LC_ALL=C sort
+		find "$@" \( -name __pycache__ -o -name '*.pyc' \) -prune -o -type f -print0 2>/dev/null | LC_ALL=C sort -z | xargs -0r sha256sum
+	)
+}
+
+# The base: what debootstrap makes, plus the machine's Debian sources (so
+# apt inside the build reaches the same mirror, updates and security).
+MIRROR=$(debian_mirror)
+SOURCES=$(debian_source_lines "$SUITE")
+[[ -n $SOURCES ]] || SOURCES="deb $MIRROR $SUITE main"
+
+build_base() {
+	local img=$1 tmp=$RC/.base-$$ c mnt
+	TMPDIRS+=("$tmp")
+	step "debootstrap --variant=minbase $SUITE from $MIRROR"
+	mkdir -p "$RC/debs"
+	timeout -k 30 "$STEP_TIMEOUT" debootstrap --variant=minbase --cache-dir="$RC/debs" \
+		"$SUITE" "$tmp" "$MIRROR" >>"$LOGF" 2>&1 || die "debootstrap failed (see $LOGF)"
+	umount_under "$tmp"
+	[[ -z $(mounts_under "$tmp") ]] || die "cannot unmount $(mounts_under "$tmp" | head -1)"
+	printf '%s\n' "$SOURCES" >"$tmp/etc/apt/sources.list"
+	# A container runtime provides these; an image carries none of them.
+	rm -rf --one-file-system "${tmp:?}"/dev/* "$tmp"/proc/* "$tmp"/sys/* "$tmp"/tmp/* "$tmp"/var/tmp/* \
+		"$tmp"/var/lib/apt/lists/* "$tmp"/var/cache/apt/*.bin "$tmp"/var/cache/apt/archives/*.deb \
+		"$tmp"/var/log/*.log "$tmp"/var/log/apt/*
+	: >"$tmp/etc/resolv.conf"
+	: >"$tmp/etc/machine-id"
+	echo localhost >"$tmp/etc/hostname"
+
+	c=$(buildah from --pull=never scratch)
+	CONTAINERS+=("$c")
+	mnt=$(buildah mount "$c")
+	# tar keeps owners, modes, setuid bits and hard links as debootstrap made them.
+	tar -C "$tmp" --numeric-owner -cf - . | tar -C "$mnt" --numeric-owner -xpf - ||
+		die "copying the base rootfs into the working container failed"
+	buildah umount "$c" >/dev/null
+	buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		--cmd /bin/bash --label org.opencontainers.image.title=kpssh-runner-base \
+		--label "kpssh.base-key=$BASE_KEY" "$c"
+	step "committing $img"
+	buildah commit --quiet --rm "$c" "$img" >>"$LOGF" 2>&1 || die "buildah commit of the base failed (see $LOGF)"
+	CONTAINERS=()
+	rm -rf --one-file-system "$tmp"
+}
+
+BASE_KEY=$(
+	{
+		echo "v1 suite=$SUITE variant=minbase"
+		echo "$SOURCES"
+		declare -f build_base
+	} | sha256sum | cut -c1-16
+)
+BASE_IMG=$BASE_REPO:$BASE_KEY
+
+# The build context: only what the Dockerfile copies (the repository root
+# also holds .cache, bin/, ... which buildah would otherwise walk and send).
+CTX_PATHS=(images/runner/Dockerfile playbooks/collections roles)
+KEY=$(
+	{
+		echo "base=$BASE_KEY"
+		hash_files "$REPO" "${CTX_PATHS[@]}"
+		hash_files "$HACK" runner-image.sh lib/common.sh lib/containers.sh lib/apt.sh
+	} | sha256sum | cut -c1-16
+)
+IMG=$RUNNER_REPO:$KEY
+
+# step MESSAGE: a progress line on stderr and, timestamped, in the build log.
+step() {
+	log "$*"
+	printf '=== %s %s\n' "$(date -u +%T)" "$*" >>"$LOGF"
+}
+
+image_exists() { podman image exists "$1" 2>/dev/null; }
+
+# take_lock serializes builds of this cache dir (concurrent test processes).
+locked=0
+take_lock() {
+	[[ $locked == 1 ]] && return 0
+	exec 9>"$RC/.lock"
+	flock 9
+	locked=1
+}
+
+TMPDIRS=()
+CONTAINERS=()
+LOGF=${KPSSH_RUNNER_LOG:-$RC/build.log}
+cleanup() {
+	local rc=$? c d
+	for c in "${CONTAINERS[@]}"; do buildah rm "$c" >/dev/null 2>&1 || true; done
+	for d in "${TMPDIRS[@]}"; do
+		[[ -d $d ]] || continue
+		umount_under "$d"
+		rm -rf --one-file-system "$d"
+	done
+	if [[ $rc -ne 0 && -f $LOGF ]]; then
+		echo "runner-image.sh: build failed; last lines of $LOGF:" >&2
+		tail -n 30 "$LOGF" >&2 || true
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# prune REPO KEEP...: remove REPO's tags other than KEEP... (and :dev). An
+# image still used by a container is kept (rmi refuses).
+prune_tags() {
+	local repo=$1 ref
+	shift
+	while IFS= read -r ref; do
+		[[ -n $ref ]] || continue
+		local keep=0 k
+		for k in "$@" "$repo:dev"; do [[ $ref == "$k" ]] && keep=1; done
+		[[ $keep == 1 ]] && continue
+		log "removing old image $ref"
+		podman rmi "$ref" >/dev/null 2>&1 || true
+	done < <(podman images --noheading --format '{{.Repository}}:{{.Tag}}' "$repo" 2>/dev/null)
+}
+
+build_runner() {
+	if image_exists "$IMG"; then
+		podman tag "$IMG" "$RUNNER_REPO:dev"
+		return 0
+	fi
+	take_lock
+	if image_exists "$IMG"; then # built by someone else while we waited
+		podman tag "$IMG" "$RUNNER_REPO:dev"
+		return 0
+	fi
+	: >"$LOGF"
+	local start
+	start=$(date +%s)
+	# Leftovers of a build that died (SIGKILL): we hold the lock, so they are stale.
+	local stale
+	for stale in "$RC"/.base-*/ "$RC"/.ctx-*/; do
+		[[ -d $stale ]] || continue
+		log "removing stale build dir $stale"
+		umount_under "${stale%/}"
+		rm -rf --one-file-system "${stale%/}"
+	done
+
+	if ! image_exists "$BASE_IMG"; then
+		step "building base $BASE_IMG (log: $LOGF)"
+		build_base "$BASE_IMG"
+		prune_tags "$BASE_REPO" "$BASE_IMG"
+	fi
+
+	local ctx=$RC/.ctx-$$
+	TMPDIRS+=("$ctx")
+	mkdir -p "$ctx"
+	tar -C "$REPO" --exclude=__pycache__ --exclude='*.pyc' -cf - "${CTX_PATHS[@]}" | tar -C "$ctx" -xf - ||
+		die "staging the build context failed"
+
+	step "building $IMG FROM $BASE_IMG (log: $LOGF)"
+	timeout -k 30 "$STEP_TIMEOUT" buildah bud --pull=never --layers --force-rm --network=host \
+		--runtime=runc --build-arg "BASE=$BASE_IMG" \
+		-f "$ctx/images/runner/Dockerfile" -t "$IMG" "$ctx" >>"$LOGF" 2>&1 ||
+		die "buildah bud of images/runner/Dockerfile failed (see $LOGF)"
+	rm -rf --one-file-system "$ctx"
+
+	# A broken image must not be published under its key.
+	step "checking $IMG"
+	if ! podman run --rm --network=none "$IMG" sh -c \
+		'ansible-playbook --version >/dev/null &&
+		 test -f /usr/share/kpssh/collections/ansible_collections/dklesev/kpssh/plugins/action/stdin_exec.py &&
+		 test -d /usr/lib/python3/dist-packages/ansible_collections/ansible/posix' >>"$LOGF" 2>&1; then
+		podman rmi "$IMG" >/dev/null 2>&1 || true
+		die "image check failed: $IMG cannot run ansible-playbook or lacks a collection (see $LOGF)"
+	fi
+	podman tag "$IMG" "$RUNNER_REPO:dev"
+	prune_tags "$RUNNER_REPO" "$IMG"
+	# Dangling leftovers of replaced images (the --layers cache of the current
+	# build is kept: its layers are parents of tagged images).
+	podman image prune -f >/dev/null 2>&1 || true
+	step "built $IMG in $(($(date +%s) - start))s"
+}
+
+build_controller() {
+	need_cmd go golang
+	take_lock
+	local ctx=$RC/.ctx-controller-$$ key cimg start
+	start=$(date +%s)
+	TMPDIRS+=("$ctx")
+	mkdir -p "$ctx/bin" "$ctx/images/controller"
+	step "go build ./cmd/controller"
+	# A fixed output path: go skips the (slow) link when that binary is
+	# already up to date. Static and path-free, so the key does not depend on
+	# where the checkout is.
+	mkdir -p "$RC/bin"
+	(cd "$REPO" && CGO_ENABLED=0 timeout -k 30 "$STEP_TIMEOUT" go build -trimpath -buildvcs=false \
+		-o "$RC/bin/controller" ./cmd/controller) >>"$LOGF" 2>&1 || die "go build ./cmd/controller failed (see $LOGF)"
+	cp "$RC/bin/controller" "$ctx/bin/controller"
+	cp "$REPO/images/controller/Dockerfile" "$ctx/images/controller/Dockerfile"
+	key=$(
+		{
+			echo "runner=$KEY"
+			hash_files "$ctx" bin/controller images/controller/Dockerfile
+		} | sha256sum | cut -c1-16
+	)
+	cimg=$CONTROLLER_REPO:$key
+	if ! image_exists "$cimg"; then
+		step "building $cimg FROM $IMG (log: $LOGF)"
+		timeout -k 30 "$STEP_TIMEOUT" buildah bud --pull=never --layers --force-rm --network=host \
+			--runtime=runc --build-arg "RUNNER=$IMG" \
+			-f "$ctx/images/controller/Dockerfile" -t "$cimg" "$ctx" >>"$LOGF" 2>&1 ||
+			die "buildah bud of images/controller/Dockerfile failed (see $LOGF)"
+		prune_tags "$CONTROLLER_REPO" "$cimg"
+		podman image prune -f >/dev/null 2>&1 || true
+		step "built $cimg in $(($(date +%s) - start))s"
+	fi
+	podman tag "$cimg" "$CONTROLLER_REPO:dev"
+	rm -rf --one-file-system "$ctx"
+	echo "$cimg"
+}
+
+build_runner
+if [[ $controller == 1 ]]; then
+	if [[ -d $REPO/cmd/controller ]]; then
+		echo "$IMG"
+		build_controller
+		exit 0
+	fi
+	log "controller image skipped: ./cmd/controller does not exist yet"
+fi
+echo "$IMG"
