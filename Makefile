@@ -10,7 +10,7 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: all build bin generate verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts bench demo clean-world
+.PHONY: all build bin soak generate verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts bench demo clean-world
 
 all: build
 
@@ -52,7 +52,12 @@ controller-image: deps
 ## test: everything CI runs
 test: deps k8s-bins rootfs runner-image $(CONTROLLER_GEN)
 	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) CONTROLLER_GEN=$(CONTROLLER_GEN) \
+	  KPSSH_ENGINE_SOAK_RUNS=$${KPSSH_ENGINE_SOAK_RUNS:-200} \
 	  go test $(GO_TEST_FLAGS) -timeout 40m ./...
+
+## soak: the engine's full 1,000-run soak (zombies, orphans, leftover run dirs)
+soak: deps rootfs
+	KPSSH_ENGINE_SOAK_RUNS=1000 go test $(GO_TEST_FLAGS) -timeout 90m -run TestSoakPhaseRuns -v ./internal/engine/
 
 ## test-unit: the fast tests (no apiserver, no hosts)
 test-unit:

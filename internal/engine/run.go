@@ -8,14 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 	"unsafe"
-
-	"github.com/dklesev/kpssh/internal/sshx"
 )
 
 // Defaults of Options.
@@ -56,6 +53,31 @@ type Options struct {
 	Path string
 	// NoRemoteTimeout disables the host-side timeout(1) around scripts.
 	NoRemoteTimeout bool
+	// Verbosity (0–4) passes -v … -vvvv to ansible-playbook, for debugging.
+	// The verbose output goes to ansible's stderr (ANSIBLE_VERBOSE_TO_STDERR:
+	// the stdout event stream stays clean), of which the engine keeps only
+	// the 64 KiB tail; that tail is redacted and surfaces only in Message, for
+	// ansible's own errors. Secrets of no_log tasks (the script task is one)
+	// stay censored at every level. At 4 Ansible also runs ssh -vvv, whose
+	// debug lines become part of every task's stderr (script failure tails
+	// in Message included).
+	Verbosity int
+
+	// NoWarmRunner turns the pre-warmed runner off: every run starts a fresh
+	// ansible-playbook (the original path, ~0.6 s slower per phase; see
+	// docs/engine.md, "Performance"). Warm runners are also off when
+	// AnsiblePlaybook is not a Python script or the collection has no
+	// runner/kpssh_runner.py.
+	NoWarmRunner bool
+	// WarmRunners is how many pre-warmed runners are kept ready (0 means
+	// DefaultWarmRunners; at most 8): concurrent runs beyond it start cold.
+	// Each is an idle Python process (~60 MB) with an empty run directory.
+	WarmRunners int
+
+	// legacyConfig and separateConnect (benchmarks): see renderConfig;
+	// slowExit: warm runners exit through the interpreter's own shutdown;
+	// legacyCleanup: `ssh -O exit` before the master is signalled.
+	legacyConfig, separateConnect, slowExit, legacyCleanup bool
 
 	// onStart (tests) is called with the ansible-playbook pid and the run
 	// directory right after the process started.
@@ -68,7 +90,9 @@ type Options struct {
 // `local`). It is safe for concurrent use: every run has its own directory,
 // process group and ControlPath.
 type Local struct {
-	opts Options
+	opts    Options
+	warm    *warmPool // nil: warm runners are off
+	warmOff error     // why they are off
 }
 
 var _ Engine = (*Local)(nil)
@@ -107,6 +131,9 @@ func New(o Options) (*Local, error) {
 			return nil, err
 		}
 	}
+	if o.Verbosity < 0 || o.Verbosity > 4 {
+		return nil, fmt.Errorf("engine: Verbosity %d out of range (0–4)", o.Verbosity)
+	}
 	if o.DefaultTimeout <= 0 {
 		o.DefaultTimeout = DefaultTimeout
 	}
@@ -124,7 +151,9 @@ func New(o Options) (*Local, error) {
 	}
 	// Run directories of a crashed process hold secrets: clear them now.
 	_, _ = SweepStale(o.RunDirBase)
-	return &Local{opts: o}, nil
+	l := &Local{opts: o}
+	l.initWarm()
+	return l, nil
 }
 
 // FindCollectionsPath looks for the project's collection: the runner image
@@ -167,6 +196,7 @@ func (l *Local) renderConfig(dir string, timeout time.Duration) renderConfig {
 		dir: dir, tag: filepath.Base(dir), collectionsPath: l.opts.CollectionsPath, rolesPath: l.opts.RolesPath,
 		python: l.opts.PythonInterpreter, connectTimeout: l.opts.ConnectTimeout,
 		timeout: timeout, remoteTimeout: !l.opts.NoRemoteTimeout,
+		legacyConfig: l.opts.legacyConfig, separateConnect: l.opts.separateConnect,
 	}
 }
 
@@ -232,6 +262,20 @@ type scriptResult struct {
 	StderrTruncated bool   `json:"stderr_truncated"`
 	ConnectionError string `json:"connection_error"`
 	Error           string `json:"error"`
+	// Connected and ConnectRC come from the connect check run inside the
+	// script task (connect_check): nil when it did not get that far (or ran
+	// as a task of its own).
+	Connected *bool `json:"connected"`
+	ConnectRC *int  `json:"connect_rc"`
+}
+
+// connected reports what the in-task connect check says: reached (true,
+// true), failed to connect (false, true) or unknown (_, false).
+func (sr *scriptResult) connected() (reached, known bool) {
+	if sr == nil || sr.Connected == nil {
+		return false, false
+	}
+	return *sr.Connected, true
 }
 
 // facts is everything a finished run tells us.
@@ -246,6 +290,8 @@ type facts struct {
 	stderr      string
 	stderrCut   bool
 	script      *scriptResult
+	// connectInTask: the script task runs the connect check itself.
+	connectInTask bool
 }
 
 func configError(err error) Result {
@@ -267,57 +313,91 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 	}
 	deadline := time.Now().Add(timeout)
 
-	dir, err := newRunDir(l.opts.RunDirBase)
-	if err != nil {
-		return configError(err)
+	// The run's directory and process: a pre-warmed runner brings both
+	// (the directory holds only its ansible.cfg), else they are made now.
+	w := l.takeWarm()
+	var dir *runDir
+	if w != nil {
+		dir = w.dir
+	} else {
+		var err error
+		if dir, err = newRunDir(l.opts.RunDirBase); err != nil {
+			return configError(err)
+		}
 	}
+	var pr *proc // the process of this run once it runs
 	defer func() {
+		if w != nil && pr != w {
+			w.stop() // taken but not used
+		}
 		_ = dir.remove()
 		if l.opts.onDone != nil {
 			l.opts.onDone(dir.path)
 		}
+		// the next run's warm runner starts once this one is done (it would
+		// compete with this run for CPU otherwise)
+		l.refill()
 	}()
 	b, err := build(req, l.renderConfig(dir.path, timeout))
 	if err != nil {
 		return configError(err)
 	}
+	if w != nil && !w.sameConfig(b.file(fileConfig)) {
+		// cannot happen (same options, same directory); never run a
+		// process started with another configuration
+		return configError(errors.New("internal error: warm runner configuration differs"))
+	}
 	for _, f := range b.files {
+		if w != nil && f.name == fileConfig {
+			continue // written when the warm runner was started
+		}
 		if err := dir.write(f.name, f.data); err != nil {
 			return configError(fmt.Errorf("write run directory: %w", err))
 		}
 	}
 
-	args := []string{l.opts.AnsiblePlaybook, "-i", dir.join(fileInventory)}
+	args := []string{"-i", dir.join(fileInventory)}
 	if b.hasVars {
 		args = append(args, "-e", "@"+dir.join(fileVars))
 	}
-	args = append(args, dir.join(filePlaybook))
-	cmd := &exec.Cmd{Path: l.opts.AnsiblePlaybook, Args: args, Dir: dir.path, Env: l.childEnv(dir)}
-	ew := &eventWriter{}
-	errTail := &sshx.TailBuffer{Max: stderrTail}
-	cmd.Stdout, cmd.Stderr = ew, errTail
-	// Own process group (the whole run is signalled at once); SIGKILL if
-	// the thread that started it dies (the controller crashed).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	// Output pipes held open by a stray grandchild must not block Wait.
-	cmd.WaitDelay = 2 * time.Second
-
-	runtime.LockOSThread() // Pdeathsig is tied to the starting thread
-	err = cmd.Start()
-	runtime.UnlockOSThread()
-	if err != nil {
-		return configError(fmt.Errorf("cannot start ansible-playbook: %w", err))
+	if l.opts.Verbosity > 0 {
+		args = append(args, "-"+strings.Repeat("v", l.opts.Verbosity))
 	}
+	args = append(args, dir.join(filePlaybook))
+
+	if w != nil {
+		// A runner still warming up reads the request when it is ready; one
+		// that failed to warm up never will: start cold instead.
+		select {
+		case <-w.ready:
+		case <-ctx.Done():
+			return Result{Outcome: TimedOut, ExitCode: -1, Message: "not started: " + ctx.Err().Error()}
+		case <-time.After(time.Until(deadline)): // garbage-collected once unreferenced (Go ≥ 1.23)
+			return Result{Outcome: TimedOut, ExitCode: -1, Message: fmt.Sprintf("not started: phase timed out after %s", timeout)}
+		}
+		if w.readyOK && w.handOff(args) == nil {
+			pr = w
+		} else {
+			w.stop()
+			w = nil
+		}
+	}
+	if pr == nil {
+		cold := l.newProc(append([]string{l.opts.AnsiblePlaybook}, args...), dir)
+		if err := cold.start(); err != nil {
+			return configError(fmt.Errorf("cannot start ansible-playbook: %w", err))
+		}
+		pr = cold
+	}
+	cmd, ew, errTail, exited := pr.cmd, pr.ew, pr.errTail, pr.exited
 	pid := cmd.Process.Pid
 	if l.opts.onStart != nil {
 		l.opts.onStart(pid, dir.path)
 	}
 
-	exited := make(chan struct{})
-	go func() { waitExitedNoReap(pid); close(exited) }()
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	f := facts{dir: dir.path, phase: req.Phase, timeout: timeout}
+	f := facts{dir: dir.path, phase: req.Phase, timeout: timeout, connectInTask: b.kind == kindScript && !l.opts.separateConnect}
 	select {
 	case <-exited:
 	case <-timer.C:
@@ -369,7 +449,7 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 // controller's is passed through (no proxies, tokens, SSH_AUTH_SOCK,
 // ANSIBLE_* overrides), and no secret is ever in it.
 func (l *Local) childEnv(dir *runDir) []string {
-	return []string{
+	env := []string{
 		"PATH=" + l.opts.Path,
 		"HOME=" + dir.path,
 		"TMPDIR=" + dir.join(dirTmp),
@@ -383,6 +463,10 @@ func (l *Local) childEnv(dir *runDir) []string {
 		"PYTHONUNBUFFERED=1",
 		"PYTHONNOUSERSITE=1",
 	}
+	if l.opts.Verbosity > 0 {
+		env = append(env, "ANSIBLE_VERBOSE_TO_STDERR=True")
+	}
+	return env
 }
 
 // waitExitedNoReap blocks until pid has exited, leaving it a zombie (so its
@@ -455,14 +539,15 @@ while [ "$n" != 0 ] && [ "$i" -lt 5 ]; do sleep 1; i=$((i+1)); pass; done
 [ "$n" != 0 ] && sig=KILL && pass
 exit 0`
 
-// stopControlMaster ends the run's ssh ControlPersist master: `ssh -O exit`
-// on its socket, then any process still carrying the run directory in its
-// command line (the master's title is "ssh: <dir>/cm [mux]") is terminated
-// by pid, then killed. Only processes of this run match: the directory name
-// is unique.
+// stopControlMaster ends the run's ssh ControlPersist master: every process
+// still carrying the run directory in its command line (the master's title
+// is "ssh: <dir>/cm [mux]") is terminated by pid, then killed. Only processes
+// of this run match: the directory name is unique. SIGTERM makes the master
+// close its connection and remove its socket just as `ssh -O exit` would,
+// without starting another ssh (which cost 30-90 ms per run).
 func (l *Local) stopControlMaster(dir *runDir) {
-	sock := dir.join(sockControl)
-	if _, err := os.Stat(sock); err == nil {
+	if sock := dir.join(sockControl); l.opts.legacyCleanup && exists(sock) {
+		// benchmarks: the old way first
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		c := exec.CommandContext(ctx, "ssh", "-F", "/dev/null", "-o", "ControlPath="+sock, "-O", "exit", "kpssh-run")
 		c.Env = []string{"PATH=" + l.opts.Path, "HOME=" + dir.path, "LANG=C.UTF-8"}
@@ -477,11 +562,33 @@ func (l *Local) stopControlMaster(dir *runDir) {
 		if len(pids) == 0 {
 			return
 		}
+		var hit []int
 		for _, p := range pids {
-			_ = syscall.Kill(p, sig)
+			if signalIfMentions(p, sig, dir.path) {
+				hit = append(hit, p)
+			}
 		}
-		waitGone(pids, 2*time.Second)
+		waitGone(hit, 2*time.Second)
 	}
+}
+
+// signalIfMentions signals pid only if it still mentions s: through a pidfd,
+// so that a pid that exited and was reused since the scan is never hit.
+// Without pidfds (Linux < 5.3) it is a plain kill. It reports whether the
+// signal was sent.
+func signalIfMentions(pid int, sig syscall.Signal, s string) bool {
+	const sysPidfdOpen, sysPidfdSendSignal = 434, 424 // same on every Linux architecture
+	fd, _, errno := syscall.Syscall(sysPidfdOpen, uintptr(pid), 0, 0)
+	if errno != 0 {
+		return errno == syscall.ENOSYS && syscall.Kill(pid, sig) == nil // else gone (ESRCH)
+	}
+	defer syscall.Close(int(fd))
+	cl, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || !strings.Contains(string(cl), s) {
+		return false // not the process we found any more
+	}
+	_, _, errno = syscall.Syscall6(sysPidfdSendSignal, fd, uintptr(sig), 0, 0, 0, 0)
+	return errno == 0
 }
 
 // processesMentioning lists live (non-zombie) processes whose command line
@@ -532,7 +639,7 @@ func waitGone(pids []int, d time.Duration) {
 		if !alive {
 			return
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -550,17 +657,30 @@ func decide(f facts, red *Redactor) Result {
 func decideRaw(f facts, red *Redactor) Result {
 	res := Result{ExitCode: f.exitCode, Touched: f.sum.Reached}
 	stderr := strings.TrimSpace(red.RedactTail(f.stderr, f.stderrCut))
+	// The connect check inside the script task (connect_check) says in
+	// result_file whether the session was established: it decides Touched
+	// where the event stream cannot (no_log censors the script task's
+	// results, and a run killed mid-script has no result event at all).
+	connected, known := f.script.connected()
+	if known {
+		res.Touched = connected
+	}
 
 	if f.interrupted != "" {
 		res.Outcome = TimedOut
 		res.FailedTask = f.sum.LastTask
+		if f.connectInTask && f.sum.LastTaskInternal == internalScript && !connected {
+			// the script task had not got past its connect check: report
+			// the step as the separate connect task was reported
+			res.FailedTask = connectTaskName
+		}
 		if f.interrupted == "timeout" {
 			res.Message = fmt.Sprintf("phase timed out after %s", f.timeout)
 		} else {
 			res.Message = fmt.Sprintf("phase interrupted: %v", f.ctxErr)
 		}
-		if f.sum.LastTask != "" {
-			res.Message += fmt.Sprintf(" during task %q", f.sum.LastTask)
+		if res.FailedTask != "" {
+			res.Message += fmt.Sprintf(" during task %q", res.FailedTask)
 		}
 		res.Message += "; ansible-playbook was terminated"
 		return res
@@ -588,7 +708,13 @@ func decideRaw(f facts, red *Redactor) Result {
 		if ev.RC != nil || (ev.Internal == internalScript && f.script != nil && f.script.RC != nil) {
 			head += fmt.Sprintf(" (rc=%d)", res.RC)
 		}
-		if ev.Internal == internalConnect {
+		internal := ev.Internal
+		if internal == internalScript && f.script != nil && f.script.ConnectRC != nil {
+			// the in-task connect check failed: report it as the connect
+			// task it replaces
+			internal, res.FailedTask = internalConnect, connectTaskName
+		}
+		if internal == internalConnect {
 			head = "connect check failed on the host (rc=" + strconv.Itoa(res.RC) + ")"
 		}
 		res.Message = joinMessage(head, details)
@@ -598,7 +724,14 @@ func decideRaw(f facts, red *Redactor) Result {
 		res.Outcome = Failed
 		res.FailedTask = ev.Task
 		msg := strings.TrimSpace(red.RedactTail(ev.Msg, ev.MsgTruncated))
-		if ev.Internal == internalScript && f.script != nil && f.script.ConnectionError != "" {
+		internal := ev.Internal
+		if internal == internalScript && known && !connected {
+			// the in-task connect check could not connect: nothing ran (the
+			// event's own message is censored by no_log; result_file has it)
+			internal, res.FailedTask = internalConnect, connectTaskName
+			msg = strings.TrimSpace(red.Redact(f.script.ConnectionError))
+		}
+		if internal == internalScript && f.script != nil && f.script.ConnectionError != "" {
 			res.RC = 255
 			res.Message = joinMessage(fmt.Sprintf("task %q: ssh exited 255 (connection lost, or the script exited 255)", ev.Task), strings.TrimSpace(red.Redact(f.script.ConnectionError)))
 			return res
@@ -606,7 +739,7 @@ func decideRaw(f facts, red *Redactor) Result {
 		head := "host unreachable"
 		if strings.Contains(msg, "Host key verification failed") || strings.Contains(msg, "REMOTE HOST IDENTIFICATION HAS CHANGED") {
 			head = "host key mismatch: the host did not present the pinned key; nothing ran"
-		} else if ev.Internal == internalConnect {
+		} else if internal == internalConnect {
 			head = "host unreachable; nothing ran"
 		} else {
 			head = fmt.Sprintf("host unreachable during task %q", ev.Task)

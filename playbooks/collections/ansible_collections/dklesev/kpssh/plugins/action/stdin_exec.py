@@ -40,6 +40,7 @@ ARGUMENT_SPEC = dict(
     tail_bytes=dict(type='int', default=DEFAULT_TAIL),
     sudoable=dict(type='bool', default=False),
     changed=dict(type='bool', default=True),
+    connect_check=dict(type='bool', default=False),
 )
 
 
@@ -108,6 +109,38 @@ class ActionModule(ActionBase):
                     except OSError:
                         pass
 
+        if args['connect_check']:
+            # The kpssh engine's connect check, inside this task (one task
+            # less per phase): a session that runs `true` before anything of
+            # the profile does. result_file says how far it got, so the
+            # engine can tell "nothing ran" from "reached", even when the run
+            # is killed in the middle of cmd.
+            # ssh censors its connection errors in no_log tasks; `true` carries
+            # nothing secret, and the reason ("Host key verification failed",
+            # refused, timeout) is what the engine reports.
+            pc = getattr(self._connection, '_play_context', None) or self._play_context
+            no_log = pc.no_log
+            pc.no_log = False
+            try:
+                chk = self._low_level_execute_command('true', sudoable=False, executable=False)
+            except AnsibleConnectionFailure as e:
+                in_data = None
+                _write_result(result_file, dict(rc=255, connected=False, connection_error=to_native(e)))
+                raise
+            finally:
+                pc.no_log = no_log
+            crc = chk.get('rc', 0)
+            if crc != 0:
+                in_data = None
+                out, out_cut = _tail(chk.get('stdout'), tail_bytes)
+                err, err_cut = _tail(chk.get('stderr'), tail_bytes)
+                _write_result(result_file, dict(rc=crc, connected=True, connect_rc=crc, stdout=out, stderr=err,
+                                                stdout_truncated=out_cut, stderr_truncated=err_cut))
+                result.update(failed=True, rc=crc, stdout=out, stderr=err, changed=False,
+                              msg='connect check failed on the host (rc=%d)' % crc)
+                return result
+            _write_result(result_file, dict(connected=True))
+
         try:
             # executable=False: the command line goes to the login shell as is
             # (no `/bin/sh -c '… && sleep 0'` wrapper), so a ForceCommand shim
@@ -117,7 +150,10 @@ class ActionModule(ActionBase):
             # ssh exited 255: the connection failed or broke, or the remote
             # command itself exited 255. Record it, then let Ansible mark the
             # host unreachable.
-            _write_result(result_file, dict(rc=255, connection_error=to_native(e)))
+            payload = dict(rc=255, connection_error=to_native(e))
+            if args['connect_check']:
+                payload['connected'] = True
+            _write_result(result_file, payload)
             raise
         finally:
             in_data = None
@@ -125,7 +161,10 @@ class ActionModule(ActionBase):
         rc = res.get('rc', 0)
         out, out_cut = _tail(res.get('stdout'), tail_bytes)
         err, err_cut = _tail(res.get('stderr'), tail_bytes)
-        _write_result(result_file, dict(rc=rc, stdout=out, stderr=err, stdout_truncated=out_cut, stderr_truncated=err_cut))
+        payload = dict(rc=rc, stdout=out, stderr=err, stdout_truncated=out_cut, stderr_truncated=err_cut)
+        if args['connect_check']:
+            payload['connected'] = True
+        _write_result(result_file, payload)
 
         result.update(rc=rc, stdout=out, stderr=err, changed=args['changed'])
         if rc not in expected:

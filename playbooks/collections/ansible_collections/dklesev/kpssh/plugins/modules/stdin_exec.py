@@ -52,6 +52,14 @@ options:
     description: What to report as C(changed) on success.
     type: bool
     default: true
+  connect_check:
+    description:
+      - Run C(true) over the connection first (the kpssh engine's connect check). When that fails, I(cmd) does not run,
+        and I(result_file) says C(connected=false) (ssh failed) or carries C(connect_rc) (C(true) failed on the host).
+      - Once it succeeded, I(result_file) holds C({connected=true}) while I(cmd) runs, and every later result carries
+        C(connected=true).
+    type: bool
+    default: false
 author:
   - kpssh maintainers
 '''

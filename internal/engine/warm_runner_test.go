@@ -1,0 +1,311 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func boolp(b bool) *bool { return &b }
+
+func TestInterpreterOf(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	py := filepath.Join(bin, "python3")
+	if err := os.WriteFile(py, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, script string
+		want         []string // nil: error
+	}{
+		{"debian", "#! /usr/bin/python3\n# -*- coding: utf-8 -*-\nimport re\n", []string{"/usr/bin/python3"}},
+		{"pip venv", "#!/opt/venv/bin/python3.11\nimport sys\n", []string{"/opt/venv/bin/python3.11"}},
+		{"with flag", "#!/usr/bin/python3 -E\n", []string{"/usr/bin/python3", "-E"}},
+		{"flags as one argument", "#!/usr/bin/python3 -E -s\n", []string{"/usr/bin/python3", "-E -s"}},
+		{"env", "#!/usr/bin/env python3\n", []string{py}},
+		{"env not found", "#!/usr/bin/env python9\n", nil},
+		{"env with flags", "#!/usr/bin/env -S python3 -E\n", nil},
+		{"shell wrapper", "#!/bin/sh\nexec python3 -m ansible playbook \"$@\"\n", nil},
+		{"relative", "#!python3\n", nil},
+		{"no shebang", "import sys\n", nil},
+		{"empty shebang", "#!\n", nil},
+		{"empty file", "", nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_"))
+			if err := os.WriteFile(f, []byte(tc.script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			got, err := interpreterOf(f, bin+":/nonexistent")
+			if tc.want == nil {
+				if err == nil {
+					t.Fatalf("accepted: %v", got)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+	if _, err := interpreterOf(filepath.Join(dir, "missing"), bin); err == nil {
+		t.Fatal("missing file accepted")
+	}
+}
+
+// The connect check inside the script task: result_file decides Touched and
+// the failed step is reported as the connect task it replaces.
+func TestDecideConnectInTask(t *testing.T) {
+	red := NewRedactor("S3CRET-VALUE-1")
+	script := func(ev string) *Event {
+		return &Event{Event: ev, Task: "kpssh: join script", Internal: internalScript, Censored: true, Msg: "the output has been hidden"}
+	}
+	cases := []struct {
+		name    string
+		f       facts
+		outcome Outcome
+		touched bool
+		task    string
+		rc      int
+		msg     string
+	}{
+		{"refused", facts{exitCode: 4, connectInTask: true, sum: Summary{Started: true, Reached: true, LastTask: "kpssh: join script", LastTaskInternal: internalScript, Unreachable: script("unreachable")},
+			script: &scriptResult{RC: intp(255), Connected: boolp(false), ConnectionError: "Failed to connect to the host via ssh: Connection refused"}},
+			Failed, false, connectTaskName, 0, "host unreachable; nothing ran: Failed to connect to the host via ssh: Connection refused"},
+		{"host key mismatch", facts{exitCode: 4, connectInTask: true, sum: Summary{Started: true, Reached: true, Unreachable: script("unreachable")},
+			script: &scriptResult{RC: intp(255), Connected: boolp(false), ConnectionError: "Host key verification failed."}},
+			Failed, false, connectTaskName, 0, "host key mismatch"},
+		{"connect check fails on the host", facts{exitCode: 2, connectInTask: true, sum: Summary{Started: true, Reached: true, Failed: script("failed")},
+			script: &scriptResult{RC: intp(1), Connected: boolp(true), ConnectRC: intp(1), Stderr: "broken login shell S3CRET-VALUE-1"}},
+			Failed, true, connectTaskName, 1, "connect check failed on the host (rc=1): stderr: broken login shell ***"},
+		{"script fails", facts{exitCode: 2, connectInTask: true, sum: Summary{Started: true, Reached: true, Failed: script("failed")},
+			script: &scriptResult{RC: intp(3), Connected: boolp(true), Stderr: "fatal"}},
+			Failed, true, "kpssh: join script", 3, "(rc=3): stderr: fatal"},
+		{"link lost mid-script", facts{exitCode: 4, connectInTask: true, sum: Summary{Started: true, Reached: true, Unreachable: script("unreachable")},
+			script: &scriptResult{RC: intp(255), Connected: boolp(true), ConnectionError: "Data could not be sent"}},
+			Failed, true, "kpssh: join script", 255, "ssh exited 255"},
+		{"timeout while the script runs", facts{interrupted: "timeout", timeout: time.Minute, exitCode: -1, connectInTask: true, sum: Summary{Started: true, LastTask: "kpssh: join script", LastTaskInternal: internalScript},
+			script: &scriptResult{Connected: boolp(true)}},
+			TimedOut, true, "kpssh: join script", 0, `during task "kpssh: join script"`},
+		{"timeout while connecting", facts{interrupted: "timeout", timeout: time.Minute, exitCode: -1, connectInTask: true, sum: Summary{Started: true, LastTask: "kpssh: join script", LastTaskInternal: internalScript}},
+			TimedOut, false, connectTaskName, 0, `during task "kpssh: connect"`},
+		{"canceled before the play", facts{interrupted: "canceled", exitCode: -1, connectInTask: true, sum: Summary{Started: true}},
+			TimedOut, false, "", 0, "interrupted"},
+		{"success", facts{exitCode: 0, connectInTask: true, sum: Summary{Started: true, Reached: true, Stats: &Stats{OK: 1}}, script: &scriptResult{RC: intp(0), Connected: boolp(true)}},
+			Succeeded, true, "", 0, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := decide(tc.f, red)
+			if r.Outcome != tc.outcome || r.Touched != tc.touched || r.FailedTask != tc.task || r.RC != tc.rc {
+				t.Fatalf("got %+v", r)
+			}
+			if !strings.Contains(r.Message, tc.msg) {
+				t.Fatalf("message %q lacks %q", r.Message, tc.msg)
+			}
+			if strings.Contains(r.Message, "S3CRET-VALUE-1") {
+				t.Fatalf("secret in message %q", r.Message)
+			}
+		})
+	}
+}
+
+// warmProcess returns the pid of the idle warm runner in dir (or 0).
+func warmProcess(dir string) int {
+	for _, p := range processesMentioning(dir) {
+		cl, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline")
+		if strings.Contains(string(cl), "kpssh_runner.py") {
+			return p
+		}
+	}
+	return 0
+}
+
+func pidAlive(pid int) bool { return syscall.Kill(pid, 0) == nil && !isZombie(pid) }
+
+// The pre-warmed runner against a real host: the next run's directory and
+// process exist between runs (0700, only the ansible.cfg), the next run is
+// handed to that very process and keeps every property of a cold run (its
+// group is emptied, its directory removed, a timeout stops the script on the
+// host); a runner that died while idle or failed to warm up costs only the
+// warm start; Close removes the idle runner and its directory.
+func TestWarmRunner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real ansible-playbook against an nspawn host: skipped under -short")
+	}
+	w := upWorld(t, 1)
+	h := w.Host(0)
+	var mu sync.Mutex
+	var started []int
+	e := testEngine(t, func(o *Options) {
+		o.KillGrace = 2 * time.Second
+		prev := o.onStart
+		o.onStart = func(pid int, dir string) {
+			prev(pid, dir)
+			mu.Lock()
+			started = append(started, pid)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() { _ = e.Close() })
+	ctx := context.Background()
+	c := joinContext(h)
+	run := func(script string, timeout time.Duration) Result {
+		t.Helper()
+		return e.Run(ctx, Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Script: script}, Context: c, Timeout: timeout})
+	}
+	lastPid := func() int { mu.Lock(); defer mu.Unlock(); return started[len(started)-1] }
+
+	// the first run starts cold and leaves the next run's runner behind
+	mustOutcome(t, run("echo first > /tmp/kpssh-warm-1\n", time.Minute), Succeeded)
+	dirs := e.warmDirs()
+	if len(dirs) != 1 {
+		t.Fatalf("warm runners after the first run: %v", dirs)
+	}
+	fi, err := os.Stat(dirs[0])
+	if err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("warm run directory: %v %v", fi, err)
+	}
+	if err := e.waitWarm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wpid := warmProcess(dirs[0])
+	if wpid == 0 {
+		t.Fatalf("no runner process in %s", dirs[0])
+	}
+	// idle: only the configuration (and ansible's own empty temp dirs)
+	_ = filepath.WalkDir(dirs[0], func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && p != filepath.Join(dirs[0], fileConfig) {
+			t.Errorf("idle warm run directory holds %s", p)
+		}
+		return nil
+	})
+
+	// the second run is handed to that process, in that directory
+	r := run("test \"$KPSSH_SECRET_APIKEY\" = '{{ .Secrets.apiKey }}'\necho second > /tmp/kpssh-warm-2\n", time.Minute)
+	mustOutcome(t, r, Succeeded)
+	if !r.Touched || lastPid() != wpid {
+		t.Fatalf("run used pid %d, the warm runner was %d: %+v", lastPid(), wpid, r)
+	}
+	if got := mustRun(t, w, 0, "cat /tmp/kpssh-warm-2"); got != "second" {
+		t.Fatalf("host has %q", got)
+	}
+	if pidAlive(wpid) {
+		t.Fatalf("the warm runner %d outlived its run", wpid)
+	}
+
+	// a timeout through a warm runner: group emptied, directory removed
+	// (checked by testEngine's onDone) and the script stopped on the host
+	if err := e.waitWarm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, w, 0, "pkill -f kpssh-warm-[m]arker; rm -f /tmp/kpssh-warm-started; true")
+	wpid = warmProcess(e.warmDirs()[0])
+	r = run("touch /tmp/kpssh-warm-started\nexec -a kpssh-warm-marker sleep 600\n", 15*time.Second)
+	mustOutcome(t, r, TimedOut)
+	if lastPid() != wpid {
+		t.Fatalf("timeout run did not use the warm runner")
+	}
+	if r.FailedTask == "kpssh: join script" {
+		if !r.Touched {
+			t.Fatalf("script ran, Touched=false: %+v", r)
+		}
+		hostScriptGone(t, w, 0, "kpssh-warm-marker", 10*time.Second)
+	} else {
+		t.Logf("ansible did not reach the script within 15s (machine load): %+v", r)
+	}
+
+	// a runner killed while idle: the next run starts cold and works
+	if err := e.waitWarm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dead := warmProcess(e.warmDirs()[0])
+	if err := syscall.Kill(dead, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(5 * time.Second); pidAlive(dead) && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	deadDir := e.warmDirs()[0]
+	mustOutcome(t, run("echo third > /tmp/kpssh-warm-3\n", time.Minute), Succeeded)
+	if lastPid() == dead {
+		t.Fatal("the run was handed to a dead runner")
+	}
+	if _, err := os.Stat(deadDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the dead runner's directory %s is left (%v)", deadDir, err)
+	}
+
+	// Close: the idle runner is stopped and reaped, its directory removed;
+	// later runs start cold and leave no runner behind
+	if err := e.waitWarm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dirs = e.warmDirs()
+	wpid = warmProcess(dirs[0])
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if pidAlive(wpid) {
+		t.Errorf("warm runner %d survives Close", wpid)
+	}
+	if _, err := os.Stat(dirs[0]); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("warm run directory %s survives Close", dirs[0])
+	}
+	assertNoZombieChildren(t)
+	mustOutcome(t, run("true\n", time.Minute), Succeeded)
+	if d := e.warmDirs(); len(d) != 0 {
+		t.Errorf("warm runners after Close: %v", d)
+	}
+}
+
+// A launcher that cannot warm up (here: one that exits at once) costs
+// nothing but the warm start: runs start cold, and no new runner is started
+// for a while.
+func TestWarmRunnerBrokenLauncher(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs ansible-playbook: skipped under -short")
+	}
+	coll, err := FindCollectionsPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a copy of the collection whose launcher fails
+	broken := t.TempDir()
+	if err := os.CopyFS(broken, os.DirFS(coll)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(broken, runnerScript), []byte("import sys\nsys.stderr.write('kpssh runner: no ansible here\\n')\nsys.exit(70)\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := testEngine(t, func(o *Options) { o.CollectionsPath = broken; o.ConnectTimeout = 2 * time.Second })
+	t.Cleanup(func() { _ = e.Close() })
+	conn := testConn(t)
+	conn.Address = "192.0.2.1" // unroutable: the run ends at ansible's own parse error
+	req := Request{Phase: PhaseJoin, Conn: conn, Source: Source{Role: "no_such_role_warm"}, Timeout: time.Minute}
+	for i := 0; i < 2; i++ {
+		r := e.Run(context.Background(), req)
+		if r.Outcome != ConfigError || !strings.Contains(r.Message, "no_such_role_warm") {
+			t.Fatalf("run %d: %+v", i, r)
+		}
+	}
+	err = e.waitWarm(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "no ansible here") {
+		t.Fatalf("waitWarm = %v, want the launcher's failure", err)
+	}
+	if d := e.warmDirs(); len(d) != 0 {
+		t.Fatalf("broken runners kept: %v", d)
+	}
+}
