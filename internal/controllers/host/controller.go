@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	controllerruntime "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -89,7 +90,9 @@ func (c *Controller) Register(mgr manager.Manager) error {
 		For(&v1beta1.SSHHost{}).
 		Watches(&karpv1.NodeClaim{}, handler.EnqueueRequestsFromMapFunc(c.hostsOfClaim)).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(c.hostsOfNode), builder.WithPredicates(nodeRegistration())).
-		WithOptions(controller.Options{MaxConcurrentReconciles: c.Concurrency}).
+		// One host controller per manager; tests start several managers in
+		// one process, which the global name check would refuse.
+		WithOptions(controller.Options{MaxConcurrentReconciles: c.Concurrency, SkipNameValidation: ptr.To(true)}).
 		Complete(c)
 }
 
