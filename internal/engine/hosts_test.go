@@ -51,6 +51,9 @@ func testEngine(t *testing.T, mod func(*Options)) *Local {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An engine keeps an idle pre-warmed runner: stop it with the test, or
+	// later tests' "no process carries a run dir" checks see it.
+	t.Cleanup(func() { _ = e.Close() })
 	return e
 }
 
