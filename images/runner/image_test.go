@@ -319,6 +319,7 @@ func TestPhaseInImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = e.Close() }) // stops the engine's idle pre-warmed runner
 
 	script := `install -d -m 0755 /opt/kpssh-runner-test
 printf '%s|%s|%s\n' "$KPSSH_NODE_NAME" "$KPSSH_VAR_greeting" "$(id -u)" > /opt/kpssh-runner-test/install.txt

@@ -415,6 +415,7 @@ func TestProfilesOnHosts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = e.Close() }) // stops the engine's idle pre-warmed runner
 	ca := testCA(t)
 	newHost := func(t *testing.T, i int) *host { return &host{t: t, w: w.WithT(t), i: i, e: e, key: key} }
 	t.Run("profiles", func(t *testing.T) {
