@@ -64,14 +64,15 @@ type Options struct {
 	Verbosity int
 
 	// NoWarmRunner turns the pre-warmed runner off: every run starts a fresh
-	// ansible-playbook (the original path, ~0.6 s slower per phase; see
+	// ansible-playbook (the original path, ~1 s slower per phase; see
 	// docs/engine.md, "Performance"). Warm runners are also off when
 	// AnsiblePlaybook is not a Python script or the collection has no
 	// runner/kpssh_runner.py.
 	NoWarmRunner bool
 	// WarmRunners is how many pre-warmed runners are kept ready (0 means
 	// DefaultWarmRunners; at most 8): concurrent runs beyond it start cold.
-	// Each is an idle Python process (~60 MB) with an empty run directory.
+	// Each is an idle Python process (~45 MB private memory) with a run
+	// directory holding only its ansible.cfg.
 	WarmRunners int
 
 	// legacyConfig and separateConnect (benchmarks): see renderConfig;

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -249,13 +250,21 @@ func TestKarpenterDrivesHostsThroughEngine(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: host.Name, Labels: map[string]string{corev1.LabelHostname: host.Name}},
 		Spec: corev1.NodeSpec{ProviderID: claim.Status.ProviderID, Taints: []corev1.Taint{{Key: karpv1.UnregisteredTaintKey, Effect: corev1.TaintEffectNoExecute}}}}
 	mustCreate(t, node)
-	node.Status = corev1.NodeStatus{
+	// Karpenter's node controllers write the Node (labels, finalizer) right
+	// after it appears, so the status write re-reads on conflict.
+	status := corev1.NodeStatus{
 		Capacity:    corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("2Gi"), corev1.ResourcePods: resource.MustParse("110")},
 		Allocatable: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1920m"), corev1.ResourceMemory: resource.MustParse("1700Mi"), corev1.ResourcePods: resource.MustParse("110")},
 		Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
 		Addresses:   []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: host.Spec.Address}},
 	}
-	if err := env.Client.Status().Update(ctx, node); err != nil {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(node), node); err != nil {
+			return err
+		}
+		node.Status = status
+		return env.Client.Status().Update(ctx, node)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "NodeClaim registered", 2*time.Minute, func() (bool, string) {
