@@ -18,6 +18,11 @@
 #   KPSSH_OWNER_PID  optional: pid owning the world (used by "gc")
 #   KPSSH_CACHE      rootfs cache dir (see hack/rootfs.sh)
 #   KPSSH_SSH_WAIT   seconds to wait for a host's sshd (default 120)
+#   KPSSH_MIRROR     optional, read by "up": a directory (hack/node-assets.sh)
+#                    every host of the world sees read-only at /srv/kpssh-mirror;
+#                    its images/*.tar are imported into containerd (k8s.io
+#                    namespace) whenever containerd starts on a host — the test
+#                    world's stand-in for a registry; nothing is pre-joined
 #
 # Several worlds can exist at once: each has its own state dir
 # /run/kpssh-world/<world>/, bridge kpb-<tag>, 10.231.<k>.0/24 subnet (bridge
@@ -340,6 +345,12 @@ start_host() { # I: launch (no wait); requires the disk to exist
 	done < <(cgroup_roots)
 	rm -f "$h/nspawn.pid" "$h/pid1"
 	umount_under "$h/merged"
+	local mirror=""
+	if [[ -f $STATE/mirror ]]; then
+		mirror=$(<"$STATE/mirror")
+		[[ -d $mirror ]] || die "h$i: the world's mirror $mirror is gone"
+		mirror_dropin "$h/upper"
+	fi
 	START_TS[$i]=$EPOCHREALTIME
 	echo "=== start $(date -u +%FT%TZ)" >>"$h/console.log"
 	# The launcher moves itself into the host's cgroups, mounts the overlay in a
@@ -348,18 +359,32 @@ start_host() { # I: launch (no wait); requires the disk to exist
 	# shellcheck disable=SC2016
 	setsid unshare --mount --propagation private -- bash -c '
 		set -e
-		pidfile=$1 lower=$2 upper=$3 work=$4 merged=$5 machine=$6 ns=$7 cdir=$8
-		shift 8
+		pidfile=$1 lower=$2 upper=$3 work=$4 merged=$5 machine=$6 ns=$7 cdir=$8 mirror=$9
+		shift 9
 		for cg in "$@"; do echo $$ >"$cg/cgroup.procs"; done
 		echo $$ >"$pidfile"
 		mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$merged"
 		exec systemd-nspawn --quiet --boot --directory="$merged" --machine="$machine" \
 			--register=no --keep-unit --network-namespace-path="/run/netns/$ns" \
 			--console=read-only --capability=all --bind=/dev/kmsg \
-			--system-call-filter=@keyring --bind="$cdir:/var/lib/containerd"
+			--system-call-filter=@keyring --bind="$cdir:/var/lib/containerd" \
+			${mirror:+"--bind-ro=$mirror:/srv/kpssh-mirror"}
 	' kpssh-launch "$h/nspawn.pid" "$ROOTFS" "$h/upper" "$h/work" "$h/merged" "$machine" "$ns" "$h/containerd" \
-		"${cgs[@]}" </dev/null >>"$h/console.log" 2>&1 6>&- 7>&- 8>&- 9>&- &
+		"$mirror" "${cgs[@]}" </dev/null >>"$h/console.log" 2>&1 6>&- 7>&- 8>&- 9>&- &
 	LAUNCH_PID[$i]=$!
+}
+
+# mirror_dropin UPPER: a containerd drop-in (test world only, not a profile's)
+# importing the mirror's images each time containerd starts; kubelet orders
+# after containerd, so the images exist before the first pod sandbox.
+mirror_dropin() {
+	local d=$1/etc/systemd/system/containerd.service.d
+	install -d -m 0755 "$1/etc" "$1/etc/systemd" "$1/etc/systemd/system" "$d"
+	cat >"$d/90-kpssh-test-images.conf" <<-'EOF'
+		# Written by hack/hosts.sh (KPSSH_MIRROR): the test world's images.
+		[Service]
+		ExecStartPost=/bin/sh -c 'for f in /srv/kpssh-mirror/images/*.tar; do ctr -n k8s.io images import "$$f" >/dev/null || exit 1; done'
+	EOF
 }
 
 ssh_opts() { # world client options shared with test/hostenv
@@ -611,6 +636,10 @@ cmd_up() {
 	trap 'exit 130' INT TERM
 	lock_world
 	create_world
+	if [[ -n ${KPSSH_MIRROR:-} ]]; then
+		[[ $KPSSH_MIRROR == /* && -d $KPSSH_MIRROR ]] || die "KPSSH_MIRROR must be an existing absolute directory, got '$KPSSH_MIRROR'"
+		echo "$KPSSH_MIRROR" >"$STATE/mirror"
+	fi
 	local i pending=()
 	for ((i = 1; i <= n; i++)); do
 		if host_exists "$i" && [[ -n $(nspawn_pid "$i") ]]; then

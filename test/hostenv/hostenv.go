@@ -72,6 +72,7 @@ type World struct {
 type world struct {
 	name     string
 	script   string
+	mirror   string // Options.Mirror
 	mu       sync.Mutex
 	inv      Inventory
 	watchdog *os.Process
@@ -97,6 +98,20 @@ var worldSeq atomic.Int64
 // tears the world down.
 func Up(t testing.TB, n int) *World {
 	t.Helper()
+	return UpWith(t, n, Options{})
+}
+
+// Options change what a world's hosts get.
+type Options struct {
+	// Mirror is a directory (hack/node-assets.sh) every host sees read-only
+	// at /srv/kpssh-mirror; containerd imports its images/*.tar when it
+	// starts (hosts.sh's KPSSH_MIRROR).
+	Mirror string
+}
+
+// UpWith is Up with options.
+func UpWith(t testing.TB, n int, o Options) *World {
+	t.Helper()
 	if testing.Short() {
 		// -short is the quick loop (make test-unit): no root, no image build.
 		t.Skip("-short: hostenv worlds need root, systemd-nspawn and the host image (make test runs them)")
@@ -108,7 +123,7 @@ func Up(t testing.TB, n int) *World {
 	if err != nil {
 		t.Fatalf("hostenv: %v", err)
 	}
-	w := &World{t: t, world: &world{name: worldName(t.Name()), script: script}}
+	w := &World{t: t, world: &world{name: worldName(t.Name()), script: script, mirror: o.Mirror}}
 
 	// Reap worlds left behind by test processes that died.
 	if out, err := w.hosts(5*time.Minute, "gc"); err != nil {
@@ -422,6 +437,9 @@ func (w *world) command(ctx context.Context, args ...string) *exec.Cmd {
 		"KPSSH_OWNER_PID="+strconv.Itoa(os.Getpid()),
 		"PATH="+os.Getenv("PATH")+":/usr/local/sbin:/usr/sbin:/sbin",
 	)
+	if w.mirror != "" {
+		c.Env = append(c.Env, "KPSSH_MIRROR="+w.mirror)
+	}
 	c.Stdin = nil
 	// On timeout, kill the script (hosts it launched are detached and are
 	// torn down by "down").
@@ -434,7 +452,7 @@ func (w *world) command(ctx context.Context, args ...string) *exec.Cmd {
 func worldEnv(env []string) []string {
 	out := env[:0:0]
 	for _, kv := range env {
-		if strings.HasPrefix(kv, "KPSSH_WORLD=") || strings.HasPrefix(kv, "KPSSH_OWNER_PID=") ||
+		if strings.HasPrefix(kv, "KPSSH_WORLD=") || strings.HasPrefix(kv, "KPSSH_OWNER_PID=") || strings.HasPrefix(kv, "KPSSH_MIRROR=") ||
 			strings.HasPrefix(kv, "SYSTEMD_NSPAWN_") || strings.HasPrefix(kv, "PATH=") {
 			continue
 		}
