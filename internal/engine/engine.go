@@ -59,6 +59,9 @@ type Source struct {
 	Tasks string
 	// Role is a role name (or collection FQCN) whose tasks/<phase>.yml runs.
 	Role string
+	// Verified (with Script) runs the script's exact bytes through the
+	// host's shim, signature checked first (execMode Verified; verified.go).
+	Verified *Verified
 }
 
 // Context is the data given to a phase (KPSSH_* environment, template data,
@@ -111,6 +114,9 @@ const (
 	// variable name, unknown role, playbook syntax error, missing phase… The
 	// host was not reached.
 	ConfigError Outcome = "ConfigError"
+	// Rejected: a Verified host's shim refused the phase (signature, param,
+	// envelope or phase rejected: shim exit 2–5); nothing of it ran.
+	Rejected Outcome = "Rejected"
 )
 
 // Result is the redacted outcome of a run.

@@ -37,10 +37,13 @@ const (
 	kindScript kind = iota
 	kindTasks
 	kindRole
+	kindVerified // a signed script through the host's shim
 )
 
 func sourceKind(s Source) kind {
 	switch {
+	case s.Verified != nil:
+		return kindVerified
 	case strings.TrimSpace(s.Script) != "":
 		return kindScript
 	case strings.TrimSpace(s.Tasks) != "":
@@ -188,6 +191,10 @@ func build(req Request, rc renderConfig) (*bundle, error) {
 	b.add(fileInventory, []byte(inventory(req.Conn, rc)))
 
 	switch b.kind {
+	case kindVerified:
+		if err := buildVerified(b, req, ctx, rc); err != nil {
+			return nil, err
+		}
 	case kindScript:
 		body, err := renderScript(req.Phase, req.Source.Script, ctx)
 		if err != nil {
@@ -526,6 +533,8 @@ func renderText(req Request, masked bool, rc renderConfig) (string, error) {
 	switch b.kind {
 	case kindScript:
 		section(fileScript, " (stdin of the script task)")
+	case kindVerified:
+		section(fileEnvelope, " (stdin of the shim; base64 fields)")
 	case kindTasks:
 		section(fileVars, " (-e @vars.yml)")
 		section(fileTasks, "")

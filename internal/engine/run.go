@@ -398,7 +398,7 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	f := facts{dir: dir.path, phase: req.Phase, timeout: timeout, connectInTask: b.kind == kindScript && !l.opts.separateConnect}
+	f := facts{dir: dir.path, phase: req.Phase, timeout: timeout, connectInTask: (b.kind == kindScript && !l.opts.separateConnect) || b.kind == kindVerified}
 	select {
 	case <-exited:
 	case <-timer.C:
@@ -435,13 +435,16 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 
 	f.sum = ew.sum
 	f.stderr, f.stderrCut = errTail.String(), errTail.Truncated()
-	if b.kind == kindScript {
+	if b.kind == kindScript || b.kind == kindVerified {
 		if data, err := os.ReadFile(dir.join(fileResult)); err == nil {
 			var sr scriptResult
 			if json.Unmarshal(data, &sr) == nil {
 				f.script = &sr
 			}
 		}
+	}
+	if b.kind == kindVerified {
+		return verifiedOutcome(decide(f, red))
 	}
 	return decide(f, red)
 }

@@ -31,6 +31,9 @@ func Validate(phase Phase, src Source) error {
 	if !phase.Valid() {
 		return fmt.Errorf("unknown phase %q (want install, join, leave or uninstall)", phase)
 	}
+	if src.Verified != nil {
+		return VerifySignature(phase, src)
+	}
 	n := 0
 	for _, s := range []string{src.Script, src.Tasks, src.Role} {
 		if strings.TrimSpace(s) != "" {

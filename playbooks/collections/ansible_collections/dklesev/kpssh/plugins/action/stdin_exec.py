@@ -41,6 +41,9 @@ ARGUMENT_SPEC = dict(
     sudoable=dict(type='bool', default=False),
     changed=dict(type='bool', default=True),
     connect_check=dict(type='bool', default=False),
+    # the connect check's command: `true`, or the kpssh-shim's `ping` op on
+    # a Verified host (under ForceCommand every command reaches the shim)
+    connect_cmd=dict(type='str', default='true'),
 )
 
 
@@ -122,7 +125,7 @@ class ActionModule(ActionBase):
             no_log = pc.no_log
             pc.no_log = False
             try:
-                chk = self._low_level_execute_command('true', sudoable=False, executable=False)
+                chk = self._low_level_execute_command(args['connect_cmd'], sudoable=False, executable=False)
             except AnsibleConnectionFailure as e:
                 in_data = None
                 _write_result(result_file, dict(rc=255, connected=False, connection_error=to_native(e)))

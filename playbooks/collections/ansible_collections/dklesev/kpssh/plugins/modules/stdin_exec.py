@@ -60,6 +60,10 @@ options:
         C(connected=true).
     type: bool
     default: false
+  connect_cmd:
+    description: The connect check's command (C(kpssh-shim ping) on a Verified host, where sshd's ForceCommand runs the shim for every command).
+    type: str
+    default: "true"
 author:
   - kpssh maintainers
 '''

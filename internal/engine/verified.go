@@ -1,0 +1,218 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/dklesev/kpssh/internal/envelope"
+	"github.com/dklesev/kpssh/internal/sshsig"
+)
+
+// DefaultShimCommand is how the shim is invoked when the host names none
+// (the provisioning role installs it on PATH; under ForceCommand the command
+// line only selects the op).
+const DefaultShimCommand = "kpssh-shim"
+
+// fileEnvelope is the shim's stdin (unlinked by the plugin once read).
+const fileEnvelope = "envelope"
+
+// Verified makes a script phase a Verified-mode phase: the exact script bytes
+// (Source.Script, never rendered) go to the host's shim in an envelope, after
+// the controller has checked the signature in Go. Nothing here is secret.
+type Verified struct {
+	// Signature is the profile's signatures.<phase>: an armored SSHSIG over
+	// the script (envelope v1), or a kpssh manifest followed by an armored
+	// SSHSIG over it (envelope v2).
+	Signature string
+	// Profile is "<name>@<version>" of the profile; a v2 manifest must name it.
+	Profile string
+	// TrustedSigners are the host's spec.trustedSigners (OpenSSH public-key
+	// lines); the signer must be one of them.
+	TrustedSigners []string
+	// ShimCommand is the host's spec.shimCommand ("" → DefaultShimCommand).
+	ShimCommand string
+	// Now is the clock for manifest expiry (nil → time.Now).
+	Now func() time.Time
+}
+
+func validShimCommand(s string) bool {
+	// "kpssh-shim", "/usr/local/sbin/kpssh-shim", "sudo -n /usr/local/sbin/kpssh-shim":
+	// words of safe characters only (it becomes a remote command line).
+	if len(s) > 1024 {
+		return false
+	}
+	for _, w := range strings.Fields(s) {
+		for _, r := range w {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+=,@", r)) {
+				return false
+			}
+		}
+	}
+	return strings.TrimSpace(s) != ""
+}
+
+func (v *Verified) shim() string {
+	if strings.TrimSpace(v.ShimCommand) == "" {
+		return DefaultShimCommand
+	}
+	return strings.Join(strings.Fields(v.ShimCommand), " ")
+}
+
+// verifiedScript is what the controller checked: the envelope minus params.
+type verifiedScript struct {
+	version   int
+	manifest  []byte
+	signature []byte
+}
+
+// VerifySignature checks a Verified phase in pure Go, before anything
+// connects: the script is template-free and within limits, a signature is
+// present, it parses (SSHSIG magic, version, namespace kpssh, sha256/sha512,
+// allowed algorithm), its signer is one of the trusted signers (a trusted
+// line that does not parse is an error) and it verifies; for a v2 manifest
+// also phase, profile@version, the script digest and the validity window.
+func VerifySignature(phase Phase, src Source) error {
+	_, err := verifySource(phase, src)
+	return err
+}
+
+func verifySource(phase Phase, src Source) (verifiedScript, error) {
+	v := src.Verified
+	var out verifiedScript
+	if v == nil {
+		return out, errors.New("not a verified source")
+	}
+	if strings.TrimSpace(src.Tasks) != "" || strings.TrimSpace(src.Role) != "" {
+		return out, fmt.Errorf("%s: Verified hosts run signed scripts only, not ansible tasks or roles", phase)
+	}
+	if strings.TrimSpace(src.Script) == "" {
+		return out, fmt.Errorf("%s: no script", phase)
+	}
+	if len(src.Script) > envelope.MaxScript {
+		return out, fmt.Errorf("%s script is %d bytes, more than %d", phase, len(src.Script), envelope.MaxScript)
+	}
+	if strings.Contains(src.Script, "{{") {
+		return out, fmt.Errorf("%s: the script contains {{ … }}: Verified hosts run the signed bytes unrendered, so signed scripts must be template-free (use the KPSSH_* environment)", phase)
+	}
+	if !validShimCommand(v.shim()) {
+		return out, errors.New("shimCommand holds characters the engine does not put into a remote command line")
+	}
+	trusted, err := sshsig.ParseTrusted(v.TrustedSigners)
+	if err != nil {
+		return out, fmt.Errorf("trustedSigners: %w", err)
+	}
+	f, err := envelope.ParseSignedField(v.Signature)
+	if err != nil {
+		return out, fmt.Errorf("%s: %w: a Verified host runs only signed scripts (kpssh sign)", phase, err)
+	}
+	now := time.Now
+	if v.Now != nil {
+		now = v.Now
+	}
+	if f.Manifest == nil {
+		if _, err := sshsig.Verify(f.Signature, []byte(src.Script), sshsig.Namespace, trusted); err != nil {
+			return out, fmt.Errorf("%s signature: %w", phase, err)
+		}
+		return verifiedScript{version: 1, signature: f.Signature}, nil
+	}
+	if _, err := sshsig.Verify(f.Signature, f.Manifest, sshsig.Namespace, trusted); err != nil {
+		return out, fmt.Errorf("%s manifest signature: %w", phase, err)
+	}
+	m, err := envelope.ParseManifest(f.Manifest)
+	if err != nil {
+		return out, fmt.Errorf("%s: %w", phase, err)
+	}
+	if err := envelope.CheckManifest(m, string(phase), v.Profile, []byte(src.Script), now()); err != nil {
+		return out, fmt.Errorf("%s: %w", phase, err)
+	}
+	return verifiedScript{version: 2, manifest: f.Manifest, signature: f.Signature}, nil
+}
+
+// buildVerified renders the envelope (params = the phase's KPSSH_*
+// environment, contract applied) and the one-task playbook.
+func buildVerified(b *bundle, req Request, ctx Context, rc renderConfig) error {
+	vs, err := verifySource(req.Phase, req.Source)
+	if err != nil {
+		return err
+	}
+	env := envelope.Envelope{
+		Version: vs.version, Phase: string(req.Phase), Params: Env(req.Phase, ctx, true),
+		Manifest: vs.manifest, Signature: vs.signature, Script: []byte(req.Source.Script),
+	}
+	if vs.version == 2 {
+		env.Profile = req.Source.Verified.Profile
+	}
+	data, err := envelope.Marshal(env)
+	if err != nil {
+		return err
+	}
+	b.scriptLen = len(req.Source.Script)
+	b.add(fileEnvelope, data)
+	b.playbook = verifiedPlaybook(req, rc)
+	return nil
+}
+
+// verifiedPlaybook is one task of the plugin: the connect check runs the
+// shim's unsigned `ping` op, then the envelope goes to `<shim> run` on the
+// channel's stdin. Under sshd's ForceCommand the command lines only select
+// the op. The host needs no Python.
+func verifiedPlaybook(req Request, rc renderConfig) string {
+	var b strings.Builder
+	b.WriteString(playHeader(req, "verified"))
+	shim := req.Source.Verified.shim()
+	fmt.Fprintf(&b, `  tasks:
+    - name: %s
+      # The envelope (signed script, signature, KPSSH_* params) goes to the
+      # shim's stdin; the shim verifies it with ssh-keygen before it runs.
+      # The connect check (%s) is the shim's ping op, inside this task.
+      no_log: true
+      vars:
+        kpssh_internal: script
+      dklesev.kpssh.stdin_exec:
+        cmd: %s
+        stdin_file: %s
+        remove_stdin_file: true
+        result_file: %s
+        connect_check: true
+        connect_cmd: %s
+`, yq("kpssh: "+string(req.Phase)+" verified script"), yq(connectTaskName), yq(shim+" run"), yq(rc.path(fileEnvelope)), yq(rc.path(fileResult)), yq(shim+" ping"))
+	return b.String()
+}
+
+// Shim exit codes (SPEC §5).
+const (
+	ShimOK           = 0
+	ShimInternal     = 1
+	ShimBadSignature = 2
+	ShimBadParam     = 3
+	ShimMalformed    = 4
+	ShimUnknownPhase = 5
+	ShimScriptFailed = 10
+)
+
+var shimReasons = map[int]string{
+	ShimInternal: "shim internal error", ShimBadSignature: "signature rejected", ShimBadParam: "bad param",
+	ShimMalformed: "malformed envelope", ShimUnknownPhase: "unknown phase", ShimScriptFailed: "script failed",
+}
+
+// verifiedOutcome maps the shim's exit code: 2–5 → Rejected (the host
+// refused to run anything), 10 → Failed (the signed script failed), 1 →
+// Failed (the shim itself broke).
+func verifiedOutcome(res Result) Result {
+	if res.Outcome != Failed || !res.Touched || res.FailedTask == connectTaskName {
+		return res
+	}
+	why, ok := shimReasons[res.RC]
+	if !ok {
+		return res
+	}
+	if res.RC >= ShimBadSignature && res.RC <= ShimUnknownPhase {
+		res.Outcome = Rejected
+		res.Message = fmt.Sprintf("the host's shim refused the phase (exit %d, %s); nothing ran: %s", res.RC, why, res.Message)
+		return res
+	}
+	res.Message = fmt.Sprintf("shim exit %d (%s): %s", res.RC, why, res.Message)
+	return res
+}

@@ -1,0 +1,401 @@
+// Package verified_test shows Verified execution end to end on a real host:
+// a systemd-nspawn host provisioned by playbooks/provision-verified.yml (the
+// shim, allowed_signers, the kpssh login, sudoers, sshd Match + ForceCommand),
+// real sshd, the real ssh-keygen on both sides, the engine with the real
+// ansible-playbook. The host test is skipped under -short.
+package verified_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/envelope"
+	"github.com/dklesev/kpssh/internal/probe"
+	"github.com/dklesev/kpssh/internal/sshsig"
+	"github.com/dklesev/kpssh/test/hostenv"
+)
+
+const (
+	profileName = "vtest"
+	marker      = "/var/tmp/kpssh-verified-ran"
+)
+
+// key is an ed25519 key made by the real ssh-keygen.
+type key struct {
+	priv []byte
+	pub  string
+	path string
+}
+
+func keygen(t *testing.T, dir, name string) key {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", p).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v: %s", err, out)
+	}
+	priv, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := os.ReadFile(p + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key{priv: priv, pub: strings.TrimSpace(string(pub)), path: p}
+}
+
+// manifestField signs a v2 manifest for script: the profile's
+// signatures.<phase> value.
+func manifestField(t *testing.T, k key, phase, profile, script string, issued time.Time) string {
+	t.Helper()
+	m, err := envelope.MarshalManifest(envelope.Manifest{
+		Phase: phase, Profile: profile, ScriptSHA256: envelope.ScriptDigest([]byte(script)),
+		IssuedAt: issued, NotAfter: issued.Add(48 * time.Hour),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := sshsig.Sign(k.priv, m, sshsig.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return envelope.FormatSignedField(envelope.SignedField{Manifest: m, Signature: sig})
+}
+
+type fixture struct {
+	t      *testing.T
+	w      *hostenv.World
+	e      *engine.Local
+	login  key
+	signer key
+	rogue  key
+}
+
+func (f *fixture) conn() engine.Connection {
+	h := f.w.Host(0)
+	return engine.Connection{Address: h.Address, Port: int32(h.Port), User: "kpssh", PrivateKey: f.login.priv, HostKey: h.HostKey}
+}
+
+func (f *fixture) run(phase engine.Phase, script string, v engine.Verified, c engine.Context) engine.Result {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r := f.e.Run(ctx, engine.Request{Phase: phase, Conn: f.conn(), Source: engine.Source{Script: script, Verified: &v}, Context: c, Timeout: 2 * time.Minute})
+	f.t.Logf("%s: %s rc=%d in %v: %s", phase, r.Outcome, r.RC, r.Duration.Round(time.Millisecond), r.Message)
+	return r
+}
+
+// sshAsKpssh sends stdin to the host as the kpssh login (ForceCommand: the
+// shim runs whatever cmd says) and returns the exit status.
+func (f *fixture) sshAsKpssh(cmd string, stdin []byte) (int, string) {
+	f.t.Helper()
+	h := f.w.Host(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := exec.CommandContext(ctx, "ssh", "-F", "/dev/null", "-i", f.login.path, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+		"-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile="+f.w.Inventory().KnownHosts, "-o", "GlobalKnownHostsFile=/dev/null",
+		"-o", "LogLevel=ERROR", "-p", strconv.Itoa(h.Port), "kpssh@"+h.Address, cmd)
+	c.Stdin = bytes.NewReader(stdin)
+	var out bytes.Buffer
+	c.Stdout, c.Stderr = &out, &out
+	c.WaitDelay = 5 * time.Second
+	err := c.Run()
+	if ctx.Err() != nil {
+		f.t.Fatalf("ssh as kpssh timed out: %s", out.String())
+	}
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), out.String()
+		}
+		f.t.Fatalf("ssh: %v", err)
+	}
+	return 0, out.String()
+}
+
+func (f *fixture) markerGone(what string) {
+	f.t.Helper()
+	if out := f.w.MustRun(0, "test -e "+marker+" && echo present || echo absent"); out != "absent" {
+		f.t.Errorf("%s: the script ran (marker %s exists)", what, marker)
+		f.w.MustRun(0, "rm -f "+marker)
+	}
+}
+
+// sessions counts the kpssh logins sshd accepted so far.
+func (f *fixture) sessions() int {
+	f.t.Helper()
+	out := f.w.MustRun(0, `journalctl --no-pager -o cat _COMM=sshd | grep -c "Accepted publickey for kpssh " || true`)
+	n, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		f.t.Fatalf("journal count %q: %v", out, err)
+	}
+	return n
+}
+
+func provision(t *testing.T, w *hostenv.World, dir string, login, signer key) {
+	t.Helper()
+	root, err := hostenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := w.Host(0)
+	inv := w.Inventory()
+	invFile := filepath.Join(dir, "inventory.yml")
+	// The kpssh.sh world logs in as root with its own key; that is the
+	// provisioning login (the playbook then locks kpssh to the shim).
+	if err := os.WriteFile(invFile, []byte(fmt.Sprintf(`all:
+  hosts:
+    %s:
+      ansible_host: %s
+      ansible_port: %d
+      ansible_user: root
+      ansible_ssh_private_key_file: %s
+      ansible_python_interpreter: /usr/bin/python3
+      ansible_ssh_common_args: "-F /dev/null -o StrictHostKeyChecking=yes -o UserKnownHostsFile=%s -o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes"
+`, h.Name, h.Address, h.Port, inv.ClientKey, inv.KnownHosts)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vars := filepath.Join(dir, "vars.yml")
+	if err := os.WriteFile(vars, []byte(fmt.Sprintf("verified_host_allowed_signers:\n  - key: %q\n    valid_before: \"29991231\"\nverified_host_authorized_keys:\n  - %q\n", signer.pub, login.pub)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	playbook := func() (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		c := exec.CommandContext(ctx, "ansible-playbook", "-i", invFile, "-e", "@"+vars, filepath.Join(root, "playbooks/provision-verified.yml"))
+		c.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + dir, "LANG=C.UTF-8",
+			"ANSIBLE_ROLES_PATH=" + filepath.Join(root, "roles"), "ANSIBLE_HOST_KEY_CHECKING=True", "ANSIBLE_NOCOLOR=1",
+			"ANSIBLE_LOCAL_TEMP=" + filepath.Join(dir, "tmp"), "ANSIBLE_RETRY_FILES_ENABLED=False"}
+		c.WaitDelay = 5 * time.Second
+		out, err := c.CombinedOutput()
+		return string(out), err
+	}
+	start := time.Now()
+	if out, err := playbook(); err != nil {
+		t.Fatalf("provision-verified.yml: %v\n%s", err, out)
+	}
+	t.Logf("provisioned in %v", time.Since(start).Round(time.Millisecond))
+	// idempotent: a second run changes nothing
+	out, err := playbook()
+	if err != nil || !strings.Contains(out, "changed=0") {
+		t.Fatalf("second provision run not idempotent: %v\n%s", err, out)
+	}
+}
+
+func TestVerifiedHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: needs systemd-nspawn test hosts, sshd and ansible-playbook")
+	}
+	w := hostenv.Up(t, 1)
+	dir := t.TempDir()
+	f := &fixture{t: t, w: w, login: keygen(t, dir, "login"), signer: keygen(t, dir, "signer"), rogue: keygen(t, dir, "rogue")}
+	provision(t, w, dir, f.login, f.signer)
+
+	coll, err := engine.FindCollectionsPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.e, err = engine.New(engine.Options{CollectionsPath: coll}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.e.Close() })
+
+	profile := profileName + "@3"
+	joinScript := "#!/bin/bash\nset -euo pipefail\n" +
+		`printf 'uid=%s node=%s token=%s bashenv=%s\n' "$(id -u)" "$KPSSH_NODE_NAME" "${#KPSSH_BOOTSTRAP_TOKEN}" "${BASH_ENV-unset}" > ` + marker + "\n"
+	ctx := engine.Context{NodeName: "node-v1", BootstrapToken: "abcdef.0123456789abcdef", HostAddress: w.Host(0).Address}
+	now := time.Now().UTC().Truncate(time.Second)
+	signed := func(issued time.Time, phase, script string) engine.Verified {
+		return engine.Verified{Signature: manifestField(t, f.signer, phase, profile, script, issued), Profile: profile, TrustedSigners: []string{f.signer.pub}}
+	}
+
+	t.Run("probe op through ForceCommand", func(t *testing.T) {
+		rc, out := f.sshAsKpssh(probe.Command(true, ""), nil)
+		if rc != 0 {
+			t.Fatalf("probe op exited %d: %s", rc, out)
+		}
+		if _, err := probe.Parse(out); err != nil {
+			t.Fatalf("probe output: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("signed join runs", func(t *testing.T) {
+		r := f.run(engine.PhaseJoin, joinScript, signed(now.Add(-2*time.Hour), "join", joinScript), ctx)
+		if r.Outcome != engine.Succeeded {
+			t.Fatalf("signed join: %s: %s", r.Outcome, r.Message)
+		}
+		got := f.w.MustRun(0, "cat "+marker+" && rm -f "+marker)
+		// root through the shim's sudo re-exec, the params as environment,
+		// the shim's unset list applied
+		if want := "uid=0 node=node-v1 token=23 bashenv=unset"; got != want {
+			t.Fatalf("join wrote %q, want %q", got, want)
+		}
+	})
+
+	t.Run("rogue signer trusted by the CR but not the host", func(t *testing.T) {
+		v := engine.Verified{Signature: manifestField(t, f.rogue, "join", profile, joinScript, now), Profile: profile, TrustedSigners: []string{f.rogue.pub}}
+		r := f.run(engine.PhaseJoin, joinScript, v, ctx)
+		if r.Outcome != engine.Rejected || r.RC != engine.ShimBadSignature || !r.Touched {
+			t.Fatalf("want Rejected rc 2 (touched), got %s rc %d touched %v: %s", r.Outcome, r.RC, r.Touched, r.Message)
+		}
+		f.markerGone("rogue signer")
+	})
+
+	t.Run("unsigned script: the controller refuses before connecting", func(t *testing.T) {
+		before := f.sessions()
+		for name, v := range map[string]engine.Verified{
+			"no signature":       {Profile: profile, TrustedSigners: []string{f.signer.pub}},
+			"untrusted signer":   signed(now, "join", joinScript),
+			"broken trust root":  {Signature: signed(now, "join", joinScript).Signature, Profile: profile, TrustedSigners: []string{f.signer.pub, "ssh-ed25519 AAAAgarbage"}},
+			"tampered script":    signed(now, "join", joinScript+"# tampered\n"),
+			"join sent as leave": signed(now, "join", joinScript),
+		} {
+			phase := engine.PhaseJoin
+			switch name {
+			case "untrusted signer":
+				v.TrustedSigners = []string{f.rogue.pub}
+			case "join sent as leave":
+				phase = engine.PhaseLeave
+			}
+			r := f.run(phase, joinScript, v, ctx)
+			if r.Outcome != engine.ConfigError || r.Touched {
+				t.Errorf("%s: want ConfigError untouched, got %s touched %v: %s", name, r.Outcome, r.Touched, r.Message)
+			}
+		}
+		if after := f.sessions(); after != before {
+			t.Fatalf("sshd accepted %d kpssh sessions while the controller should have refused", after-before)
+		}
+		// the count does move for a real run (the check can fail)
+		if rc, out := f.sshAsKpssh("kpssh-shim ping", nil); rc != 0 {
+			t.Fatalf("ping exited %d: %s", rc, out)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for f.sessions() == before {
+			if time.Now().After(deadline) {
+				t.Fatal("a real session did not show in the sshd journal: the count proves nothing")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+
+	// Envelopes that only an attacker (or a broken controller) would send,
+	// straight to the ForceCommand login: the host refuses on its own.
+	valid := func(t *testing.T, phase, script string, issued time.Time, params map[string]string) []byte {
+		sf, err := envelope.ParseSignedField(signed(issued, phase, script).Signature)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := envelope.Marshal(envelope.Envelope{Version: 2, Phase: phase, Profile: profile, Params: params, Manifest: sf.Manifest, Signature: sf.Signature, Script: []byte(script)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	replaceLine := func(env []byte, key, value string) []byte {
+		lines := strings.Split(string(env), "\n")
+		for i, l := range lines {
+			if strings.HasPrefix(l, key+": ") {
+				lines[i] = key + ": " + value
+			}
+		}
+		return []byte(strings.Join(lines, "\n"))
+	}
+	b64 := base64.StdEncoding.EncodeToString
+	markScript := "#!/bin/bash\nset -euo pipefail\ntouch " + marker + "\n"
+
+	t.Run("host refuses", func(t *testing.T) {
+		good := valid(t, "join", markScript, now.Add(-time.Hour), map[string]string{"KPSSH_NODE_NAME": "n"})
+		bashEnv := "/var/tmp/kpssh-bashenv"
+		f.w.MustRun(0, "printf 'touch "+marker+"\\n' > "+bashEnv)
+		otherManifest := valid(t, "join", joinScript, now.Add(-time.Hour), nil)
+		cases := []struct {
+			name string
+			cmd  string
+			in   []byte
+			want int
+		}{
+			{"tampered script", "kpssh-shim run", replaceLine(good, "script-b64", b64([]byte(markScript+"id\n"))), 2},
+			{"manifest of another script", "kpssh-shim run", replaceLine(otherManifest, "script-b64", b64([]byte(markScript))), 2},
+			{"join manifest sent as leave", "kpssh-shim run", replaceLine(good, "phase", "leave"), 2},
+			{"other profile version", "kpssh-shim run", replaceLine(good, "profile", profileName+"@2"), 2},
+			{"v1 not enabled", "kpssh-shim run", []byte("kpssh-envelope: 1\nphase: join\nparams-b64: \nsig-b64: " + b64(mustSign(t, f.signer, markScript)) + "\nscript-b64: " + b64([]byte(markScript)) + "\n"), 2},
+			{"param BASH_ENV", "kpssh-shim run", replaceLine(good, "params-b64", b64([]byte("BASH_ENV="+bashEnv+"\n"))), 3},
+			{"param LD_PRELOAD", "kpssh-shim run", replaceLine(good, "params-b64", b64([]byte("LD_PRELOAD=/tmp/x.so\n"))), 3},
+			{"param PATH", "kpssh-shim run", replaceLine(good, "params-b64", b64([]byte("PATH=/tmp\n"))), 3},
+			{"param IFS", "kpssh-shim run", replaceLine(good, "params-b64", b64([]byte("IFS=/\n"))), 3},
+			{"param unprefixed", "kpssh-shim run", replaceLine(good, "params-b64", b64([]byte("NODE_NAME=x\n"))), 3},
+			{"param KPSSH_ dash", "kpssh-shim run", replaceLine(good, "params-b64", b64([]byte("KPSSH_A-B=x\n"))), 3},
+			{"raw script", "bash -s", []byte(markScript), 4},
+			{"raw script, shim command", "kpssh-shim run", []byte(markScript), 4},
+			{"truncated envelope", "kpssh-shim run", good[:len(good)/2], 4},
+			{"unknown phase", "kpssh-shim run", replaceLine(good, "phase", "reboot"), 5},
+		}
+		for _, c := range cases {
+			rc, out := f.sshAsKpssh(c.cmd, c.in)
+			if rc != c.want {
+				t.Errorf("%s: shim exited %d, want %d: %s", c.name, rc, c.want, out)
+			}
+			f.markerGone(c.name)
+		}
+		// and the intact envelope does run (the cases above can pass only
+		// because of what they changed)
+		if rc, out := f.sshAsKpssh("kpssh-shim run", good); rc != 0 {
+			t.Fatalf("intact envelope: exit %d: %s", rc, out)
+		}
+		f.w.MustRun(0, "test -e "+marker+" && rm -f "+marker)
+	})
+
+	t.Run("replayed older manifest", func(t *testing.T) {
+		old := signed(now.Add(-30*time.Minute), "join", joinScript)
+		newer := signed(now.Add(-10*time.Minute), "join", joinScript)
+		if r := f.run(engine.PhaseJoin, joinScript, newer, ctx); r.Outcome != engine.Succeeded {
+			t.Fatalf("newer manifest: %s: %s", r.Outcome, r.Message)
+		}
+		f.w.MustRun(0, "rm -f "+marker)
+		r := f.run(engine.PhaseJoin, joinScript, old, ctx)
+		if r.Outcome != engine.Rejected || r.RC != 2 {
+			t.Fatalf("replay of the older manifest: want Rejected rc 2, got %s rc %d: %s", r.Outcome, r.RC, r.Message)
+		}
+		f.markerGone("replayed manifest")
+		// re-running the current manifest (phases are re-run) still works
+		if r := f.run(engine.PhaseJoin, joinScript, newer, ctx); r.Outcome != engine.Succeeded {
+			t.Fatalf("re-run of the current manifest: %s: %s", r.Outcome, r.Message)
+		}
+		f.w.MustRun(0, "rm -f "+marker)
+	})
+
+	t.Run("failing signed script is Failed (10)", func(t *testing.T) {
+		bad := "#!/bin/bash\nset -euo pipefail\necho boom >&2\nfalse\ntouch " + marker + "\n"
+		r := f.run(engine.PhaseJoin, bad, signed(now, "join", bad), ctx)
+		if r.Outcome != engine.Failed || r.RC != engine.ShimScriptFailed || !strings.Contains(r.Message, "boom") {
+			t.Fatalf("want Failed rc 10 with the stderr tail, got %s rc %d: %s", r.Outcome, r.RC, r.Message)
+		}
+		f.markerGone("failing script")
+	})
+
+	t.Run("no temp files left", func(t *testing.T) {
+		if out := f.w.MustRun(0, "ls -d /run/kpssh-shim.* /tmp/kpssh-shim.* 2>/dev/null | wc -l"); out != "0" {
+			t.Fatalf("shim temp dirs left: %s", out)
+		}
+	})
+}
+
+func mustSign(t *testing.T, k key, script string) []byte {
+	t.Helper()
+	s, err := sshsig.Sign(k.priv, []byte(script), sshsig.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
