@@ -25,7 +25,10 @@ type command struct {
 // commands is the dispatch table; later subcommands (sign, import-inventory,
 // hosts, maintenance) add themselves here.
 var commands = map[string]command{
-	"render": {"print the playbook and inputs a phase would run on a host (secrets masked)", cli.Render},
+	"render":           {"print the playbook and inputs a phase would run on a host (secrets masked)", cli.Render},
+	"hosts":            {"print the host pool: address, class, state, claim, installed profile, last phase", cli.Hosts},
+	"maintenance":      {"on|off HOST: park a host for maintenance (--evict its NodeClaim) or hand it back", cli.MaintenanceCmd},
+	"import-inventory": {"turn an Ansible inventory into SSHHost manifests and a key Secret", cli.ImportInventory},
 }
 
 func usage(w io.Writer) {
@@ -36,7 +39,7 @@ func usage(w io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-17s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun 'kpssh COMMAND -h' for a command's flags.")
 }

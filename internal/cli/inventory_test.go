@@ -1,0 +1,388 @@
+package cli
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+	sigyaml "sigs.k8s.io/yaml"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/sshx/sshtest"
+)
+
+// pool50 is a realistic 50-host INI inventory: a range group, a letter
+// range with host vars, explicit hosts with addresses and ports, group vars,
+// a parent group with vars, all:vars, comments and quoting.
+func pool50INI() string {
+	var b strings.Builder
+	b.WriteString(`# lab pool, dc1
+[all:vars]
+ansible_user=kube
+kpssh_capacity_pods=110
+
+[big]
+node01.dc1.example.com kpssh_node_address=10.0.1.1  # advertises its storage NIC
+node[02:20].dc1.example.com
+
+[big:vars]
+kpssh_capacity_cpu=16
+kpssh_capacity_memory=64Gi
+
+[sbc]
+pi-[a:j]   kpssh_capacity_cpu=4   kpssh_capacity_memory='8Gi'
+
+[sbc:vars]
+ansible_user=pi
+
+[edge]
+`)
+	for i := 1; i <= 20; i++ {
+		extra := ""
+		if i == 7 {
+			extra = ` kpssh_capacity_cpu=4 ansible_user="ops"`
+		}
+		fmt.Fprintf(&b, "edge%02d ansible_host=10.20.0.%d ansible_port=%d%s\n", i, i, 2200+i, extra)
+	}
+	b.WriteString(`
+[edge:vars]
+kpssh_capacity_cpu=2
+kpssh_capacity_memory="4Gi"
+kpssh_capacity_ephemeral_storage=20Gi
+
+[dc1:children]
+big
+sbc
+
+[dc1:vars]
+ansible_port=2222
+`)
+	return b.String()
+}
+
+// pool50YAML is the same pool as a YAML inventory.
+func pool50YAML() string {
+	var b strings.Builder
+	b.WriteString(`all:
+  vars:
+    ansible_user: kube
+    kpssh_capacity_pods: 110
+  children:
+    dc1:
+      vars:
+        ansible_port: 2222
+      children:
+        big:
+          vars: {kpssh_capacity_cpu: 16, kpssh_capacity_memory: 64Gi}
+          hosts:
+            node[02:20].dc1.example.com:
+        sbc:
+          vars:
+            ansible_user: pi
+          hosts:
+            pi-[a:j]: {kpssh_capacity_cpu: 4, kpssh_capacity_memory: 8Gi}
+    big:
+      hosts:
+        node01.dc1.example.com: {kpssh_node_address: 10.0.1.1}
+    edge:
+      vars:
+        kpssh_capacity_cpu: 2
+        kpssh_capacity_memory: "4Gi"
+        kpssh_capacity_ephemeral_storage: 20Gi
+      hosts:
+`)
+	for i := 1; i <= 20; i++ {
+		fmt.Fprintf(&b, "        edge%02d:\n          ansible_host: 10.20.0.%d\n          ansible_port: %d\n", i, i, 2200+i)
+		if i == 7 {
+			b.WriteString("          kpssh_capacity_cpu: 4\n          ansible_user: ops\n")
+		}
+	}
+	return b.String()
+}
+
+// want50 is what the pool must resolve to, built independently of the parser.
+func want50() map[string]InventoryHost {
+	q := resource.MustParse
+	out := map[string]InventoryHost{}
+	for i := 1; i <= 20; i++ {
+		n := fmt.Sprintf("node%02d.dc1.example.com", i)
+		h := InventoryHost{Name: n, Class: "big", Address: n, Port: 2222, User: "kube",
+			Capacity: corev1.ResourceList{"cpu": q("16"), "memory": q("64Gi"), "pods": q("110")}}
+		if i == 1 {
+			h.NodeAddress = "10.0.1.1"
+		}
+		out[n] = h
+	}
+	for c := 'a'; c <= 'j'; c++ {
+		n := "pi-" + string(c)
+		out[n] = InventoryHost{Name: n, Class: "sbc", Address: n, Port: 2222, User: "pi",
+			Capacity: corev1.ResourceList{"cpu": q("4"), "memory": q("8Gi"), "pods": q("110")}}
+	}
+	for i := 1; i <= 20; i++ {
+		n := fmt.Sprintf("edge%02d", i)
+		h := InventoryHost{Name: n, Class: "edge", Address: fmt.Sprintf("10.20.0.%d", i), Port: int32(2200 + i), User: "kube",
+			Capacity: corev1.ResourceList{"cpu": q("2"), "memory": q("4Gi"), "pods": q("110"), "ephemeral-storage": q("20Gi")}}
+		if i == 7 {
+			h.Capacity["cpu"], h.User = q("4"), "ops"
+		}
+		out[n] = h
+	}
+	return out
+}
+
+func sameHost(a, b InventoryHost) bool {
+	return a.Name == b.Name && a.Class == b.Class && a.Address == b.Address && a.Port == b.Port &&
+		a.User == b.User && a.NodeAddress == b.NodeAddress && equality.Semantic.DeepEqual(a.Capacity, b.Capacity)
+}
+
+// TestInventoryRoundTrip50: both formats of the 50-host pool parse to the
+// expected hosts, and the manifests decode back (strictly) to the same hosts.
+func TestInventoryRoundTrip50(t *testing.T) {
+	want := want50()
+	if len(want) != 50 {
+		t.Fatalf("fixture has %d hosts", len(want))
+	}
+	for _, tc := range []struct{ format, text string }{{"ini", pool50INI()}, {"yaml", pool50YAML()}, {"", pool50INI()}, {"", pool50YAML()}} {
+		t.Run(tc.format+fmt.Sprint(len(tc.text)), func(t *testing.T) {
+			hosts, err := ParseInventory([]byte(tc.text), tc.format, InventoryOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(hosts) != 50 {
+				t.Fatalf("got %d hosts", len(hosts))
+			}
+			for _, h := range hosts {
+				if !sameHost(h, want[h.Name]) {
+					t.Errorf("host %s:\n got  %+v\n want %+v", h.Name, h, want[h.Name])
+				}
+			}
+			var buf bytes.Buffer
+			if err := writeManifests(&buf, anySlice(InventoryManifests(hosts, "pool-ns", "pool-key"))...); err != nil {
+				t.Fatal(err)
+			}
+			docs := strings.Split(strings.TrimPrefix(buf.String(), "---\n"), "\n---\n")
+			if len(docs) != 50 {
+				t.Fatalf("%d documents", len(docs))
+			}
+			for _, d := range docs {
+				var obj v1beta1.SSHHost
+				if err := sigyaml.UnmarshalStrict([]byte(d), &obj); err != nil {
+					t.Fatalf("decode %q: %v", d, err)
+				}
+				w := want[obj.Name]
+				back := InventoryHost{Name: obj.Name, Class: obj.Labels[v1beta1.LabelHostClass], Address: obj.Spec.Address, Port: obj.Spec.Port,
+					User: obj.Spec.User, NodeAddress: obj.Spec.NodeAddress, Capacity: obj.Spec.Capacity}
+				if !sameHost(back, w) || obj.Namespace != "pool-ns" || obj.Spec.SSHKeySecretRef.Name != "pool-key" || obj.Kind != "SSHHost" || obj.APIVersion != "karpenter.dklesev.github.io/v1beta1" {
+					t.Errorf("round trip of %s:\n got  %+v\n want %+v", obj.Name, obj, w)
+				}
+			}
+		})
+	}
+}
+
+func anySlice[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+func TestParseInventory(t *testing.T) {
+	cases := []struct {
+		name, format, text string
+		opts               InventoryOptions
+		want               []string // "name class address:port user" per host
+		err                string
+	}{
+		{name: "ungrouped host has no class", text: "h1 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n",
+			want: []string{"h1  h1:22 root"}},
+		{name: "step range and two ranges", text: "[g]\nn[1:5:2]-[a:b] kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n",
+			want: []string{"n1-a g n1-a:22 root", "n1-b g n1-b:22 root", "n3-a g n3-a:22 root", "n3-b g n3-b:22 root", "n5-a g n5-a:22 root", "n5-b g n5-b:22 root"}},
+		{name: "class groups chosen: other groups are plain groups", opts: InventoryOptions{ClassGroups: []string{"big"}},
+			text: "[big]\nh1\n[rack1]\nh1\n[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n",
+			want: []string{"h1 big h1:22 root"}},
+		{name: "class through children", opts: InventoryOptions{ClassGroups: []string{"big"}},
+			text: "[rack1]\nh1 ansible_host=192.0.2.1\n[big:children]\nrack1\n[big:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n",
+			want: []string{"h1 big 192.0.2.1:22 root"}},
+		{name: "yaml null host and group", format: "yaml",
+			text: "all:\n  vars: {kpssh_capacity_cpu: '2', kpssh_capacity_memory: 2Gi}\n  children:\n    empty:\n    g:\n      hosts:\n        h1:\n        h2: {ansible_port: 2022}\n",
+			want: []string{"h1 g h1:22 root", "h2 g h2:2022 root"}},
+		{name: "ipv6 address", text: "h1 ansible_host=fd00::1 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n",
+			want: []string{"h1  fd00::1:22 root"}},
+
+		// Refusals, each with its line.
+		{name: "host in two class groups", text: "[a]\nh1\n[b]\n\nh1\n", err: "line 5: host h1 is in two class groups, a (line 2) and b (line 5)"},
+		{name: "host twice in a group", text: "[a]\nh[1:3]\nh2\n", err: `line 3: host "h2" listed twice in group [a] (first on line 2)`},
+		{name: "reversed range", text: "[a]\nnode[20:01]\n", err: `line 2: host "node[20:01]": range [20:01]: want numbers start ≤ end`},
+		{name: "mixed range", text: "[a]\nnode[a:1]\n", err: "line 2: host \"node[a:1]\": range [a:1]: want numbers or single lowercase letters"},
+		{name: "unterminated range", text: "\n[a]\nnode[01:20\n", err: "line 3: host \"node[01:20\": unterminated range"},
+		{name: "huge range", text: "[a]\nn[1:99999999]\n", err: "line 2: host \"n[1:99999999]\": range [1:99999999] expands to more than 10000 hosts"},
+		{name: "zero step", text: "[a]\nn[1:3:0]\n", err: "step must be a positive integer"},
+		{name: "missing capacity", text: "[a]\nh1 kpssh_capacity_cpu=2\n", err: "line 2: host h1: missing capacity memory"},
+		{name: "bad quantity", text: "h1 kpssh_capacity_cpu=2 kpssh_capacity_memory=lots\n", err: `line 1: host h1: kpssh_capacity_memory "lots" is not a positive quantity`},
+		{name: "bad port", text: "\n\nh1 ansible_port=70000\n", err: `line 3: host h1: ansible_port "70000" is not a port`},
+		{name: "bad node address", text: "h1 kpssh_node_address=nope kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n", err: "is not an IP"},
+		{name: "two hosts one address", text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[a]\nh1 ansible_host=192.0.2.1\nh2 ansible_host=192.0.2.1\n",
+			err: "line 6: host h2 has the address 192.0.2.1:22 of host h1 (line 5)"},
+		{name: "uppercase name", text: "Node1 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n", err: `line 1: host "Node1" cannot be an SSHHost name`},
+		{name: "unknown section suffix", text: "[a:hosts]\n", err: `line 1: section [a:hosts]: unknown suffix "hosts"`},
+		{name: "vars without =", text: "[a:vars]\nfoo\n", err: "line 2: [a:vars]: want NAME=VALUE"},
+		{name: "var set twice", text: "[a:vars]\nx=1\nx=2\n", err: "line 3: [a:vars]: x set twice (first on line 2)"},
+		{name: "host var without =", text: "h1 foo\n", err: `line 1: host h1: want NAME=VALUE, got "foo"`},
+		{name: "unterminated quote", text: "h1 x='a b\n", err: "line 1: unterminated ' quote"},
+		{name: "conflicting host vars", text: "[a]\nh1 ansible_port=1\n[b]\nh1 ansible_port=2\n", opts: InventoryOptions{ClassGroups: []string{"a"}},
+			err: `line 4: host h1: ansible_port is "2" here and "1" on line 2`},
+		{name: "children cycle", text: "[a:children]\nb\n[b:children]\na\n[a]\nh1\n", err: "children cycle"},
+		{name: "unknown class group", text: "h1\n", opts: InventoryOptions{ClassGroups: []string{"nope"}}, err: `no group "nope"`},
+		{name: "yaml duplicate host", format: "yaml", text: "all:\n  hosts:\n    h1:\n    h1:\n", err: "line 4"},
+		{name: "yaml unknown key", format: "yaml", text: "all:\n  host:\n    h1:\n", err: `line 2: group all: unknown key "host"`},
+		{name: "yaml structured ansible var", format: "yaml", text: "all:\n  hosts:\n    h1:\n      ansible_host: [a, b]\n", err: "line 4: host h1: ansible_host must be a plain value"},
+		{name: "yaml not a mapping", format: "yaml", text: "- a\n", err: "line 1: inventory must be a mapping"},
+		{name: "yaml bad range", format: "yaml", text: "all:\n  hosts:\n    n[3:1]:\n", err: "line 3: host \"n[3:1]\""},
+		{name: "unknown format", format: "toml", text: "", err: `unknown inventory format "toml"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			hosts, err := ParseInventory([]byte(tc.text), tc.format, tc.opts)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, h := range hosts {
+				got = append(got, fmt.Sprintf("%s %s %s:%d %s", h.Name, h.Class, h.Address, h.Port, h.User))
+			}
+			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+}
+
+// TestImportInventoryCommand runs the subcommand: the key Secret comes
+// first, from a real ssh-keygen key; bad keys and files are usage errors.
+func TestImportInventoryCommand(t *testing.T) {
+	dir := t.TempDir()
+	inv := filepath.Join(dir, "hosts.ini")
+	if err := os.WriteFile(inv, []byte(pool50INI()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.ini")
+	if err := os.WriteFile(bad, []byte("[a]\nh1\n[b]\nh1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.Join(dir, "id")
+	if err := os.WriteFile(key, keyPEM(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	notKey := filepath.Join(dir, "notkey")
+	if err := os.WriteFile(notKey, []byte("hello\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		args     []string
+		code     int
+		out, err string
+	}{
+		{[]string{"--key-file", key, "--namespace", "pool", inv}, ExitOK, "kind: Secret", "50 SSHHost(s) in namespace pool"},
+		{[]string{inv}, ExitOK, "name: kpssh-ssh-key", "50 SSHHost(s)"},
+		{[]string{bad}, ExitUsage, "", "bad.ini: line 4: host h1 is in two class groups"},
+		{[]string{"--key-file", notKey, inv}, ExitUsage, "", "not an SSH private key"},
+		{[]string{"--key-file", filepath.Join(dir, "missing"), inv}, ExitUsage, "", "no such file"},
+		{[]string{filepath.Join(dir, "missing.ini")}, ExitUsage, "", "no such file"},
+		{[]string{}, ExitUsage, "", "want FILE"},
+		{[]string{"--namespace", "Bad_NS", inv}, ExitUsage, "", "--namespace"},
+		{[]string{"--format", "toml", inv}, ExitUsage, "", "unknown inventory format"},
+	}
+	for _, tc := range cases {
+		var out, errb bytes.Buffer
+		code := ImportInventory(t.Context(), tc.args, &out, &errb)
+		if code != tc.code || !strings.Contains(out.String(), tc.out) || !strings.Contains(errb.String(), tc.err) {
+			t.Errorf("%q: exit %d (want %d)\nstdout: %.300s\nstderr: %s", tc.args, code, tc.code, out.String(), errb.String())
+		}
+		if code == ExitOK && strings.Contains(strings.Join(tc.args, " "), key) {
+			if !strings.HasPrefix(out.String(), "---\napiVersion: v1\nkind: Secret\n") || !strings.Contains(out.String(), "privateKey: |") {
+				t.Errorf("Secret not first or without privateKey:\n%.400s", out.String())
+			}
+		}
+		if strings.Contains(errb.String(), "PRIVATE KEY") {
+			t.Errorf("%q: key material on stderr", tc.args)
+		}
+	}
+}
+
+func TestExpandRange(t *testing.T) {
+	cases := []struct {
+		in   string
+		want string
+		err  bool
+	}{
+		{"h", "h", false},
+		{"node[01:03]", "node01 node02 node03", false},
+		{"node[8:10]", "node8 node9 node10", false},
+		{"node[001:002].x", "node001.x node002.x", false},
+		{"r[a:c]", "ra rb rc", false},
+		{"r[a:e:2]", "ra rc re", false},
+		{"x]", "", true},
+		{"x[1]", "", true},
+		{"x[1:2:3:4]", "", true},
+		{"x[-1:2]", "", true},
+		{"x[A:C]", "", true},
+		{"x[1:2", "", true},
+	}
+	for _, tc := range cases {
+		got, err := expandRange(tc.in)
+		if (err != nil) != tc.err || strings.Join(got, " ") != tc.want {
+			t.Errorf("expandRange(%q) = %q, %v", tc.in, got, err)
+		}
+	}
+}
+
+// FuzzParseInventory: any input gives hosts or an error, never a panic or
+// a hang; whatever parses renders manifests that decode strictly.
+func FuzzParseInventory(f *testing.F) {
+	for _, s := range []string{pool50INI(), pool50YAML(), "[a]\nh[1:3]\n", "all:\n  hosts:\n    h1:\n", "h1 x='y z'\n[a:children]\nb\n", "[a:vars]\nx=1\n"} {
+		f.Add(s, "")
+		f.Add(s, "ini")
+		f.Add(s, "yaml")
+	}
+	f.Fuzz(func(t *testing.T, text, format string) {
+		hosts, err := ParseInventory([]byte(text), format, InventoryOptions{})
+		if err != nil {
+			return
+		}
+		var buf bytes.Buffer
+		if err := writeManifests(&buf, anySlice(InventoryManifests(hosts, "ns", "key"))...); err != nil {
+			t.Fatal(err)
+		}
+		if len(hosts) == 0 {
+			return
+		}
+		for _, d := range strings.Split(strings.TrimPrefix(buf.String(), "---\n"), "\n---\n") {
+			var obj v1beta1.SSHHost
+			if err := sigyaml.UnmarshalStrict([]byte(d), &obj); err != nil {
+				t.Fatalf("manifest does not decode: %v\n%s", err, d)
+			}
+			if obj.Spec.Capacity.Cpu().IsZero() || obj.Spec.Capacity.Memory().IsZero() {
+				t.Fatalf("host %s without cpu/memory", obj.Name)
+			}
+		}
+	})
+}
+
+func keyPEM(t *testing.T) []byte {
+	_, pemBytes := sshtest.NewKey(t)
+	return pemBytes
+}
