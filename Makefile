@@ -10,7 +10,7 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: all build bin soak generate verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts bench demo clean-world
+.PHONY: all build bin soak generate verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo clean-world
 
 all: build
 
@@ -66,6 +66,10 @@ test-unit:
 ## test-crd: the CRD validation suite against the real kube-apiserver
 test-crd: k8s-bins
 	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) go test $(GO_TEST_FLAGS) -v ./apis/...
+
+## molecule: the shipped roles' molecule scenarios (harness over nspawn hosts) and ansible-lint
+molecule: deps rootfs
+	go test $(GO_TEST_FLAGS) -timeout 30m -run 'TestMolecule|TestAnsibleLint' -v ./test/molecule/
 
 ## test-hosts: the nspawn host world tests
 test-hosts: deps rootfs

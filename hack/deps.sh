@@ -4,6 +4,8 @@
 set -euo pipefail
 
 pkgs=(debootstrap systemd-container iproute2 openssh-client ansible-core kmod iptables
+  # ansible-lint over roles/ and playbooks/ (test/molecule)
+  ansible-lint
   # The runner image (hack/runner-image.sh): built with buildah, run with
   # podman; runc because crun refuses this machine's hybrid cgroup layout.
   buildah podman runc)
