@@ -29,6 +29,7 @@ var commands = map[string]command{
 	"hosts":            {"print the host pool: address, class, state, claim, installed profile, last phase", cli.Hosts},
 	"maintenance":      {"on|off HOST: park a host for maintenance (--evict its NodeClaim) or hand it back", cli.MaintenanceCmd},
 	"import-inventory": {"turn an Ansible inventory into SSHHost manifests and a key Secret", cli.ImportInventory},
+	"sign":             {"sign a profile's scripts (or v2 manifests) for Verified hosts; prints the signatures: block", cli.Sign},
 }
 
 func usage(w io.Writer) {

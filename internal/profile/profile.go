@@ -146,6 +146,120 @@ func Vars(p *v1beta1.SSHJoinProfile, nc *v1beta1.SSHNodeClass) map[string]string
 	return out
 }
 
+// VerifiedSource is the engine source of phase ph on an execMode Verified
+// host: the phase's script, unrendered, with its signatures.<phase> and the
+// host's trust (spec.trustedSigners, spec.shimCommand). A profile that is not
+// template-free scripts, or has no signature for the phase, is an error (a
+// config error for the caller); the signature itself is checked by
+// engine.VerifySignature.
+func VerifiedSource(p *v1beta1.SSHJoinProfile, ph engine.Phase, h *v1beta1.SSHHost) (engine.Source, error) {
+	if p == nil || h == nil {
+		return engine.Source{}, errors.New("no profile or host")
+	}
+	if p.Spec.Scripts == nil {
+		return engine.Source{}, fmt.Errorf("join profile %s is not a scripts profile: Verified hosts run signed scripts only", p.Name)
+	}
+	body := string(pickScript(p.Spec.Scripts, ph))
+	if strings.TrimSpace(body) == "" {
+		return engine.Source{}, fmt.Errorf("join profile %s has no %s script", p.Name, ph)
+	}
+	var sig v1beta1.Signature
+	if s := p.Spec.Signatures; s != nil {
+		sig = pickSignature(s, ph)
+	}
+	if strings.TrimSpace(string(sig)) == "" {
+		return engine.Source{}, fmt.Errorf("join profile %s has no signatures.%s (sign it with kpssh sign)", p.Name, ph)
+	}
+	trusted := make([]string, 0, len(h.Spec.TrustedSigners))
+	for _, t := range h.Spec.TrustedSigners {
+		trusted = append(trusted, string(t))
+	}
+	version := p.Spec.Version
+	if version == "" {
+		version = "1"
+	}
+	return engine.Source{Script: body, Verified: &engine.Verified{
+		Signature: string(sig), Profile: p.Name + "@" + version, TrustedSigners: trusted, ShimCommand: h.Spec.ShimCommand,
+	}}, nil
+}
+
+func pickSignature(s *v1beta1.ProfileSignatures, phase engine.Phase) v1beta1.Signature {
+	switch phase {
+	case engine.PhaseInstall:
+		return s.Install
+	case engine.PhaseJoin:
+		return s.Join
+	case engine.PhaseLeave:
+		return s.Leave
+	case engine.PhaseUninstall:
+		return s.Uninstall
+	}
+	return ""
+}
+
+// VerifiedWarnings lists the signed scripts of p that lack `set -euo
+// pipefail` (in Verified mode nothing is prepended: without it a failing
+// command does not fail the phase). Not an error: the node class shows it as
+// a warning.
+func VerifiedWarnings(p *v1beta1.SSHJoinProfile) []string {
+	if p == nil || p.Spec.Scripts == nil || !carriesSignatures(p) {
+		return nil
+	}
+	var out []string
+	for _, ph := range allPhases {
+		body := string(pickScript(p.Spec.Scripts, ph))
+		if strings.TrimSpace(body) == "" || pickSignature(p.Spec.Signatures, ph) == "" {
+			continue
+		}
+		if !hasStrictMode(body) {
+			out = append(out, fmt.Sprintf("%s script has no `set -euo pipefail`: on a Verified host nothing is prepended, so a failing command would not fail the phase", ph))
+		}
+	}
+	return out
+}
+
+// hasStrictMode reports whether a line of the script (before any other
+// command could fail unnoticed, we do not check where) sets errexit, nounset
+// and pipefail: `set -euo pipefail`, `set -eu -o pipefail`, `set -o errexit
+// -o nounset -o pipefail`, in any order and combination.
+func hasStrictMode(body string) bool {
+	for _, l := range strings.Split(body, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 || f[0] != "set" {
+			continue
+		}
+		var e, u, pf bool
+		for i := 1; i < len(f); i++ {
+			w := f[i]
+			if w == "-o" && i+1 < len(f) {
+				i++
+				switch f[i] {
+				case "errexit":
+					e = true
+				case "nounset":
+					u = true
+				case "pipefail":
+					pf = true
+				}
+				continue
+			}
+			if strings.HasPrefix(w, "-") && !strings.HasPrefix(w, "--") {
+				flags := w[1:]
+				e = e || strings.Contains(flags, "e")
+				u = u || strings.Contains(flags, "u")
+				if strings.HasSuffix(flags, "o") && i+1 < len(f) && f[i+1] == "pipefail" {
+					pf = true
+					i++
+				}
+			}
+		}
+		if e && u && pf {
+			return true
+		}
+	}
+	return false
+}
+
 // versionRE is the CRD pattern of spec.version.
 var versionRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,63}$`)
 

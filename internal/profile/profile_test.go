@@ -348,3 +348,54 @@ func ExampleValidate() {
 	fmt.Println(Validate(p, nil))
 	// Output: leave script references .Vars: leave renders with the empty context (only .HostAddress and .NodeAddress) — it must work without a node class
 }
+
+func TestVerifiedWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		join string
+		sig  bool
+		warn bool
+	}{
+		{"strict", "#!/bin/bash\nset -euo pipefail\n", true, false},
+		{"split flags", "set -eu -o pipefail\n", true, false},
+		{"long form", "  set -o errexit -o nounset -o pipefail\n", true, false},
+		{"other order", "set -ueo pipefail\n", true, false},
+		{"missing", "#!/bin/bash\necho hi\n", true, true},
+		{"only -e", "set -e\n", true, true},
+		{"no pipefail", "set -eu\n", true, true},
+		{"in a comment", "# set -euo pipefail\n", true, true},
+		{"unsigned phase: no warning", "echo hi\n", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &v1beta1.SSHJoinProfile{Spec: v1beta1.SSHJoinProfileSpec{
+				Scripts:    &v1beta1.ProfileScripts{Install: "set -euo pipefail\n", Join: v1beta1.Script(tc.join), Leave: "set -euo pipefail\n"},
+				Signatures: &v1beta1.ProfileSignatures{Install: "x", Leave: "x"}}}
+			if tc.sig {
+				p.Spec.Signatures.Join = "x"
+			}
+			w := VerifiedWarnings(p)
+			if got := len(w) > 0; got != tc.warn || (got && !strings.Contains(w[0], "join")) {
+				t.Fatalf("warnings %q, want warning %v", w, tc.warn)
+			}
+		})
+	}
+}
+
+func TestVerifiedSource(t *testing.T) {
+	h := &v1beta1.SSHHost{Spec: v1beta1.SSHHostSpec{ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{"ssh-ed25519 AAAA"}, ShimCommand: "sudo -n /usr/local/bin/kpssh-shim"}}
+	p := &v1beta1.SSHJoinProfile{Spec: v1beta1.SSHJoinProfileSpec{
+		Scripts:    &v1beta1.ProfileScripts{Install: "i", Join: "j", Leave: "l"},
+		Signatures: &v1beta1.ProfileSignatures{Join: "SIG"}}}
+	p.Name = "prof"
+	src, err := VerifiedSource(p, engine.PhaseJoin, h)
+	if err != nil || src.Script != "j" || src.Verified.Signature != "SIG" || src.Verified.Profile != "prof@1" || src.Verified.ShimCommand != h.Spec.ShimCommand || src.Verified.TrustedSigners[0] != "ssh-ed25519 AAAA" {
+		t.Fatalf("%+v %+v %v", src, src.Verified, err)
+	}
+	if _, err := VerifiedSource(p, engine.PhaseLeave, h); err == nil || !strings.Contains(err.Error(), "signatures.leave") {
+		t.Fatalf("unsigned leave: %v", err)
+	}
+	p.Spec.Scripts, p.Spec.Ansible = nil, &v1beta1.AnsibleSource{Role: "r"}
+	if _, err := VerifiedSource(p, engine.PhaseJoin, h); err == nil {
+		t.Fatal("ansible profile accepted")
+	}
+}

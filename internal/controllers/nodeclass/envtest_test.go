@@ -177,6 +177,16 @@ func TestNodeClassAgainstAPIServer(t *testing.T) {
 	}
 	create(t, host(n("h-x86"), map[string]string{v1beta1.LabelHostClass: "x86"}))
 
+	t.Run("signed script without set -euo pipefail is a warning, not ProfileInvalid", func(t *testing.T) {
+		p := &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: n("signed-lax")}, Spec: v1beta1.SSHJoinProfileSpec{
+			Scripts:    &v1beta1.ProfileScripts{Install: "set -euo pipefail\necho install", Join: "echo join", Leave: "set -euo pipefail\n" + goodLeave},
+			Signatures: &v1beta1.ProfileSignatures{Install: "sig", Join: "sig", Leave: "sig"}}}
+		create(t, p)
+		create(t, class(n("signed-lax"), n("signed-lax"), classSel("x86")))
+		waitReady(t, n("signed-lax"), metav1.ConditionTrue, "Ready", "join script has no `set -euo pipefail`")
+		waitEvent(t, n("signed-lax"), nodeclass.ReasonVerifiedScriptWarning, "join script")
+	})
+
 	t.Run("missing profile, then created", func(t *testing.T) {
 		create(t, class(n("late"), n("late-profile"), classSel("x86")))
 		nc := waitReady(t, n("late"), metav1.ConditionFalse, v1beta1.ReasonProfileNotFound, `"`+n("late-profile")+`" not found`)

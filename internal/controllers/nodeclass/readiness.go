@@ -3,14 +3,17 @@ package nodeclass
 import (
 	"context"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/awslabs/operatorpkg/status"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/karpenter/pkg/events"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/profile"
@@ -33,7 +36,14 @@ const maxMessage = 1024
 type verdict struct {
 	ready           bool
 	reason, message string
+	// warning (Ready classes only) goes into the Ready condition's message
+	// and a VerifiedScriptWarning event: a signed script without `set -euo
+	// pipefail` is usable, but a failing command would not fail its phase.
+	warning string
 }
+
+// ReasonVerifiedScriptWarning is the node class event of a warning.
+const ReasonVerifiedScriptWarning = "VerifiedScriptWarning"
 
 func notReady(reason, format string, args ...any) verdict {
 	msg := fmt.Sprintf(format, args...)
@@ -77,7 +87,11 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 	if len(hosts.Items) == 0 {
 		return notReady(ReasonNoHosts, "no SSHHost in namespace %s matches the hostSelector", c.Namespace), nil
 	}
-	return verdict{ready: true}, nil
+	v := verdict{ready: true}
+	if w := profile.VerifiedWarnings(p); len(w) > 0 {
+		v.warning = notReady("", "warning: profile %s: %s", p.Name, strings.Join(w, "; ")).message
+	}
+	return v, nil
 }
 
 // updateReadiness sets the Ready condition from check and writes the status
@@ -91,7 +105,7 @@ func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeCla
 	before := readyCondition(orig)
 	cs := nc.StatusConditions(status.WithClock(c.Clock))
 	if v.ready {
-		cs.SetTrueWithReason(v1beta1.ConditionReady, ReasonReady, "")
+		cs.SetTrueWithReason(v1beta1.ConditionReady, ReasonReady, v.warning)
 	} else {
 		cs.SetFalse(v1beta1.ConditionReady, v.reason, v.message)
 	}
@@ -101,6 +115,10 @@ func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeCla
 	after := readyCondition(nc)
 	if !v.ready && (before == nil || before.Status != after.Status || before.Reason != after.Reason || before.Message != after.Message) {
 		c.publish(notReadyEvent(nc, v.reason, v.message))
+	}
+	if v.ready && v.warning != "" && (before == nil || before.Message != v.warning) {
+		c.publish(events.Event{InvolvedObject: nc, Type: corev1.EventTypeWarning, Reason: ReasonVerifiedScriptWarning,
+			Message: v.warning, DedupeValues: []string{string(nc.UID), v.warning}})
 	}
 	return nil
 }

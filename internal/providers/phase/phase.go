@@ -106,6 +106,19 @@ func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 		// Never trust on first use inside a phase: the probe pins first.
 		return configResult(fmt.Errorf("host %s has no pinned host key yet (not probed)", h.Name))
 	}
+	var verified *engine.Source
+	if h.Spec.ExecMode == v1beta1.ExecModeVerified {
+		// Checked in Go before anything connects (the host-key fetch below
+		// dials): a missing or untrusted signature is a config error.
+		src, err := profile.VerifiedSource(p, ph, h)
+		if err == nil {
+			err = engine.VerifySignature(ph, src)
+		}
+		if err != nil {
+			return configResult(fmt.Errorf("execMode Verified: %w", err))
+		}
+		verified = &src
+	}
 	conn := Connection(h, creds, "")
 	line, err := r.HostKey(ctx, conn, creds.PinnedFingerprint)
 	if err != nil {
@@ -116,6 +129,9 @@ func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 	req, err := Request(p, ph, conn, c, redact)
 	if err != nil {
 		return configResult(err)
+	}
+	if verified != nil {
+		req.Source = *verified
 	}
 	return r.Engine.Run(ctx, req)
 }
@@ -138,6 +154,9 @@ func Record(ph engine.Phase, res engine.Result, start time.Time) *v1beta1.LastPh
 		lp.Result = v1beta1.PhaseSucceeded
 	case engine.TimedOut:
 		lp.Result = v1beta1.PhaseTimedOut
+	case engine.Rejected:
+		// a Verified host's shim refused the phase
+		lp.Result = v1beta1.PhaseRejected
 	case engine.ConfigError:
 		// The API's word for "refused before running" (config errors, and
 		// in Verified mode rejected signatures).

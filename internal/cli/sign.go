@@ -1,0 +1,180 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/envelope"
+	"github.com/dklesev/kpssh/internal/profile"
+	"github.com/dklesev/kpssh/internal/sshsig"
+)
+
+// Sign is `kpssh sign -key KEY [-manifest [-not-after D]] PROFILE.yaml`: it
+// signs the profile's scripts offline (SSHSIG, namespace kpssh) and prints
+// the `signatures:` block to put under the profile's spec. With -manifest
+// each signature is a v2 manifest (phase, <profile>@<version>, the script's
+// SHA-256, issued-at now, not-after) plus its SSHSIG: Verified hosts then
+// refuse replayed, rolled-back or phase-swapped scripts. It needs no cluster.
+func Sign(_ context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("kpssh sign", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	keyFile := fs.String("key", "", "OpenSSH private key file to sign with (unencrypted; e.g. from ssh-keygen -t ed25519)")
+	manifest := fs.Bool("manifest", false, "sign v2 manifests (phase, profile@version, script SHA-256, not-after) instead of the bare scripts")
+	notAfter := fs.String("not-after", "720h", "with -manifest: validity, a duration from now (720h) or a time (2027-01-31T00:00:00Z)")
+	phases := fs.String("phases", "install,join,leave,uninstall", "phases to sign (those the profile has)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kpssh sign -key KEY [-manifest [-not-after 720h]] [-phases install,join,leave] PROFILE.yaml|-")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return ExitUsage
+	}
+	if fs.NArg() != 1 || *keyFile == "" {
+		fs.Usage()
+		return ExitUsage
+	}
+	out, err := sign(signOptions{keyFile: *keyFile, profileFile: fs.Arg(0), manifest: *manifest, notAfter: *notAfter, phases: *phases, now: time.Now(), stdin: os.Stdin}, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "kpssh sign: %v\n", err)
+		return ExitUsage
+	}
+	fmt.Fprint(stdout, out)
+	return ExitOK
+}
+
+type signOptions struct {
+	keyFile, profileFile string
+	manifest             bool
+	notAfter, phases     string
+	now                  time.Time
+	stdin                io.Reader
+}
+
+func sign(o signOptions, warn io.Writer) (string, error) {
+	key, err := os.ReadFile(o.keyFile)
+	if err != nil {
+		return "", fmt.Errorf("read key: %w", err)
+	}
+	var data []byte
+	if o.profileFile == "-" {
+		data, err = io.ReadAll(io.LimitReader(o.stdin, 8<<20))
+	} else {
+		data, err = os.ReadFile(o.profileFile)
+	}
+	if err != nil {
+		return "", fmt.Errorf("read profile: %w", err)
+	}
+	p := &v1beta1.SSHJoinProfile{}
+	if err := yaml.UnmarshalStrict(data, p); err != nil {
+		return "", fmt.Errorf("profile %s is not an SSHJoinProfile: %w", o.profileFile, err)
+	}
+	if p.Kind != "" && p.Kind != "SSHJoinProfile" {
+		return "", fmt.Errorf("%s is a %s, not an SSHJoinProfile", o.profileFile, p.Kind)
+	}
+	if p.Spec.Scripts == nil {
+		return "", errors.New("only scripts profiles can be signed (Verified hosts run signed scripts only)")
+	}
+	if o.manifest && p.Name == "" {
+		return "", errors.New("the profile has no metadata.name (a manifest names <profile>@<version>)")
+	}
+	version := p.Spec.Version
+	if version == "" {
+		version = "1"
+	}
+	var expiry time.Time
+	if o.manifest {
+		if expiry, err = parseNotAfter(o.notAfter, o.now); err != nil {
+			return "", err
+		}
+	}
+	want := map[string]bool{}
+	for _, ph := range strings.Split(o.phases, ",") {
+		if ph = strings.TrimSpace(ph); ph != "" {
+			if !engine.Phase(ph).Valid() {
+				return "", fmt.Errorf("-phases: unknown phase %q", ph)
+			}
+			want[ph] = true
+		}
+	}
+	sigs := &v1beta1.ProfileSignatures{}
+	p.Spec.Signatures = sigs
+	var b strings.Builder
+	b.WriteString("signatures:\n")
+	n := 0
+	for _, ph := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall} {
+		src, ok := profile.Source(p, ph)
+		if !ok || !want[string(ph)] {
+			continue
+		}
+		if strings.Contains(src.Script, "{{") {
+			return "", fmt.Errorf("%s: the script contains {{ … }}: Verified hosts run the signed bytes unrendered; use the KPSSH_* environment", ph)
+		}
+		msg := []byte(src.Script)
+		var m []byte
+		if o.manifest {
+			if m, err = envelope.MarshalManifest(envelope.Manifest{Phase: string(ph), Profile: p.Name + "@" + version,
+				ScriptSHA256: envelope.ScriptDigest(msg), IssuedAt: o.now, NotAfter: expiry}); err != nil {
+				return "", err
+			}
+			msg = m
+		}
+		sig, err := sshsig.Sign(key, msg, sshsig.Namespace)
+		if err != nil {
+			return "", err
+		}
+		field := envelope.FormatSignedField(envelope.SignedField{Manifest: m, Signature: sig})
+		setSignature(sigs, ph, field)
+		fmt.Fprintf(&b, "  %s: |\n", ph)
+		for _, l := range strings.Split(strings.TrimSuffix(field, "\n"), "\n") {
+			fmt.Fprintf(&b, "    %s\n", l)
+		}
+		n++
+	}
+	if n == 0 {
+		return "", errors.New("no script to sign")
+	}
+	for _, w := range profile.VerifiedWarnings(p) {
+		fmt.Fprintf(warn, "kpssh sign: warning: %s\n", w)
+	}
+	return b.String(), nil
+}
+
+func parseNotAfter(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		if d <= 0 {
+			return time.Time{}, errors.New("-not-after must be positive")
+		}
+		return now.Add(d).UTC().Truncate(time.Second), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("-not-after %q is neither a duration (720h) nor a time (2027-01-31T00:00:00Z)", s)
+	}
+	if !t.After(now) {
+		return time.Time{}, errors.New("-not-after is in the past")
+	}
+	return t.UTC().Truncate(time.Second), nil
+}
+
+func setSignature(s *v1beta1.ProfileSignatures, ph engine.Phase, v string) {
+	switch ph {
+	case engine.PhaseInstall:
+		s.Install = v1beta1.Signature(v)
+	case engine.PhaseJoin:
+		s.Join = v1beta1.Signature(v)
+	case engine.PhaseLeave:
+		s.Leave = v1beta1.Signature(v)
+	case engine.PhaseUninstall:
+		s.Uninstall = v1beta1.Signature(v)
+	}
+}
