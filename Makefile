@@ -10,7 +10,7 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: all build bin soak generate verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo clean-world
+.PHONY: all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo clean-world
 
 all: build
 
@@ -20,6 +20,7 @@ build:
 ## bin: the controller and the kpssh CLI into bin/
 bin:
 	go build -o bin/ ./cmd/controller ./cmd/kpssh
+	ln -sf kpssh bin/kubectl-kpssh  # kubectl finds it as the plugin `kubectl kpssh`
 
 $(CONTROLLER_GEN):
 	GOBIN=$(dir $@) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
@@ -28,6 +29,22 @@ $(CONTROLLER_GEN):
 generate: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./apis/... \
 	  crd output:crd:artifacts:config=apis/crds
+	$(MAKE) chart-crds
+
+## chart-crds: the chart's CRDs = apis/crds + Karpenter core's (a test fails on drift)
+chart-crds:
+	cp apis/crds/*.yaml charts/kpssh/crds/
+	cp $$(go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter)/pkg/apis/crds/*.yaml charts/kpssh/crds/
+	chmod 0644 charts/kpssh/crds/*.yaml
+
+## helm: the helm CLI built from the Go module proxy (cached; prints its path)
+helm:
+	@hack/helm.sh
+
+## chart: lint the chart with every optional object on
+chart:
+	$$(hack/helm.sh) lint --strict charts/kpssh --kube-version 1.36.3 \
+	  --set serviceMonitor.enabled=true,networkPolicy.enabled=true,podDisruptionBudget.enabled=true,dashboard.enabled=true
 
 ## deps: apt packages the tests and the test world need (idempotent)
 deps:
@@ -51,7 +68,7 @@ controller-image: deps
 
 ## test: everything CI runs
 test: deps k8s-bins rootfs runner-image $(CONTROLLER_GEN)
-	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) CONTROLLER_GEN=$(CONTROLLER_GEN) \
+	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) CONTROLLER_GEN=$(CONTROLLER_GEN) HELM=$$(hack/helm.sh) \
 	  KPSSH_ENGINE_SOAK_RUNS=$${KPSSH_ENGINE_SOAK_RUNS:-200} \
 	  go test $(GO_TEST_FLAGS) -timeout 40m ./...
 

@@ -1,0 +1,623 @@
+// Package chart tests charts/kpssh with a helm built from the Go module
+// proxy (hack/helm.sh): lint and template for the defaults and with every
+// optional object on, refusals of bad values, the CRDs equal to the
+// generated ones, the Deployment's environment accepted by the controller's
+// own option parsing, and a real `helm install` onto a kube-apiserver that
+// starts without any CRD (so the chart installs them), with the installed
+// RBAC checked by the apiserver's authorizer.
+package chart
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	karpapis "sigs.k8s.io/karpenter/pkg/apis"
+	coreoptions "sigs.k8s.io/karpenter/pkg/operator/options"
+	"sigs.k8s.io/yaml"
+
+	"github.com/dklesev/kpssh/internal/operator/options"
+	"github.com/dklesev/kpssh/test/testenv"
+)
+
+// allOn turns on every optional object of the chart.
+var allOn = []string{"--set", "serviceMonitor.enabled=true,networkPolicy.enabled=true,podDisruptionBudget.enabled=true,dashboard.enabled=true,executor=job"}
+
+// kubeVersion is the apiserver version the tests run against (helm's
+// template needs one; the chart requires ≥ 1.29).
+const kubeVersion = "1.36.3"
+
+type world struct {
+	helm, chart, root string
+	env               []string
+}
+
+func setup(t *testing.T) *world {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: builds helm (hack/helm.sh) and starts a kube-apiserver")
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	helm := os.Getenv("HELM")
+	if helm == "" {
+		out, err := exec.Command(filepath.Join(root, "hack", "helm.sh")).Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				t.Fatalf("hack/helm.sh: %v\n%s", err, ee.Stderr)
+			}
+			t.Fatal(err)
+		}
+		helm = strings.TrimSpace(string(out))
+	}
+	home := t.TempDir()
+	return &world{helm: helm, chart: filepath.Join(root, "charts", "kpssh"), root: root, env: []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + home,
+		"HELM_CACHE_HOME=" + filepath.Join(home, "cache"), "HELM_CONFIG_HOME=" + filepath.Join(home, "config"), "HELM_DATA_HOME=" + filepath.Join(home, "data"),
+	}}
+}
+
+// run runs helm in its own process group, bounded and reaped.
+func (w *world) run(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, w.helm, args...)
+	cmd.Env = w.env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee) && ctx.Err() == nil:
+		return o.String(), e.String(), ee.ExitCode()
+	case err != nil:
+		t.Fatalf("helm %q: %v\n%s", args, err, e.String())
+	}
+	return o.String(), e.String(), 0
+}
+
+func (w *world) template(t *testing.T, extra ...string) []*unstructured.Unstructured {
+	t.Helper()
+	args := append([]string{"template", "kpssh", w.chart, "--namespace", "kpssh", "--kube-version", kubeVersion}, extra...)
+	out, stderr, code := w.run(t, args...)
+	if code != 0 {
+		t.Fatalf("helm template %q: exit %d\n%s", extra, code, stderr)
+	}
+	return decodeAll(t, out)
+}
+
+func decodeAll(t *testing.T, stream string) []*unstructured.Unstructured {
+	t.Helper()
+	var objs []*unstructured.Unstructured
+	d := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(stream), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := d.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return objs
+			}
+			t.Fatalf("decode: %v", err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+}
+
+func find(objs []*unstructured.Unstructured, kind, ns, name string) *unstructured.Unstructured {
+	for _, o := range objs {
+		if o.GetKind() == kind && (name == "" || o.GetName() == name) && (ns == "*" || o.GetNamespace() == ns) {
+			return o
+		}
+	}
+	return nil
+}
+
+func kinds(objs []*unstructured.Unstructured) map[string]int {
+	m := map[string]int{}
+	for _, o := range objs {
+		m[o.GetKind()]++
+	}
+	return m
+}
+
+func convert[T any](t *testing.T, u *unstructured.Unstructured) *T {
+	t.Helper()
+	if u == nil {
+		t.Fatalf("no %T rendered", *new(T))
+	}
+	var out T
+	b, err := u.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(b, &out); err != nil {
+		t.Fatalf("%s %s does not decode strictly as %T: %v", u.GetKind(), u.GetName(), out, err)
+	}
+	return &out
+}
+
+func TestLintAndTemplate(t *testing.T) {
+	w := setup(t)
+	for _, extra := range [][]string{nil, allOn} {
+		args := append([]string{"lint", "--strict", w.chart, "--kube-version", kubeVersion}, extra...)
+		out, stderr, code := w.run(t, args...)
+		if code != 0 || !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
+			t.Errorf("helm lint %q: exit %d\n%s%s", extra, code, out, stderr)
+		}
+	}
+	def := kinds(w.template(t))
+	for k, n := range map[string]int{"Deployment": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 5, "RoleBinding": 5, "Service": 1} {
+		if def[k] != n {
+			t.Errorf("defaults: %d %s, want %d (all: %v)", def[k], k, n, def)
+		}
+	}
+	for _, k := range []string{"ServiceMonitor", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"} {
+		if def[k] != 0 {
+			t.Errorf("defaults render an optional %s", k)
+		}
+	}
+	all := w.template(t, allOn...)
+	on := kinds(all)
+	for k, n := range map[string]int{"ServiceMonitor": 1, "NetworkPolicy": 1, "PodDisruptionBudget": 1, "ConfigMap": 1, "Role": 6, "RoleBinding": 6} {
+		if on[k] != n {
+			t.Errorf("all on: %d %s, want %d (all: %v)", on[k], k, n, on)
+		}
+	}
+	if r := find(all, "Role", "kpssh", "kpssh-job-executor"); r == nil {
+		t.Error("executor job: no Job executor Role")
+	}
+	pdb := convert[policyv1.PodDisruptionBudget](t, find(all, "PodDisruptionBudget", "kpssh", ""))
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || pdb.Spec.MinAvailable != nil {
+		t.Errorf("PDB spec %+v", pdb.Spec)
+	}
+
+	// The dashboard holds the seed's four PromQL queries verbatim.
+	cm := convert[corev1.ConfigMap](t, find(all, "ConfigMap", "kpssh", "kpssh-dashboard"))
+	dash := cm.Data["kpssh.json"]
+	for _, q := range []string{
+		`sum by (class) (kpssh_pool_hosts{state="Available"})`,
+		`histogram_quantile(0.95, sum by (le) (rate(kpssh_instance_phase_duration_seconds_bucket{phase="join"}[15m])))`,
+		`sum(kpssh_pool_hosts{state="Unhealthy"})`,
+		`increase(kpssh_host_zombie_actions_total[1h])`,
+		`kpssh_instance_phase_duration_seconds_count`, // phase outcomes
+		`kpssh_host_probe_duration_seconds_count{outcome="error"}`,
+	} {
+		var doc any
+		if err := yaml.Unmarshal([]byte(dash), &doc); err != nil {
+			t.Fatalf("dashboard JSON: %v", err)
+		}
+		b, _ := yaml.Marshal(doc)
+		if !strings.Contains(dash, strings.ReplaceAll(q, `"`, `\"`)) {
+			t.Errorf("dashboard lacks %s (%d bytes)", q, len(b))
+		}
+	}
+	if cm.Labels["grafana_dashboard"] != "1" {
+		t.Errorf("dashboard labels %v", cm.Labels)
+	}
+}
+
+// TestDeployment checks the controller Deployment and that the controller's
+// own option parsing (Karpenter core's and kpssh's) accepts its environment.
+func TestDeployment(t *testing.T) {
+	w := setup(t)
+	objs := w.template(t)
+	d := convert[appsv1.Deployment](t, find(objs, "Deployment", "kpssh", "kpssh"))
+	spec := d.Spec.Template.Spec
+	if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("strategy %q", d.Spec.Strategy.Type)
+	}
+	psc := spec.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext %+v", psc)
+	}
+	if len(spec.Containers) != 1 {
+		t.Fatalf("%d containers", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	sc := c.SecurityContext
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+		t.Errorf("container securityContext %+v", sc)
+	}
+	mounts := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = true
+	}
+	for _, p := range []string{"/dev/shm", "/tmp", "/home/kpssh"} {
+		if !mounts[p] {
+			t.Errorf("no writable mount at %s (read-only root): %v", p, c.VolumeMounts)
+		}
+	}
+	for _, v := range spec.Volumes {
+		if v.EmptyDir == nil {
+			t.Errorf("volume %s is not an emptyDir", v.Name)
+		}
+	}
+	terms := spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 || terms[0].MatchExpressions[0].Key != "karpenter.dklesev.github.io/managed" ||
+		terms[0].MatchExpressions[0].Operator != corev1.NodeSelectorOpDoesNotExist {
+		t.Errorf("anti-affinity %+v", terms)
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("resources %+v", c.Resources)
+	}
+	if len(c.Args) != 0 || len(c.Command) != 0 {
+		t.Errorf("args/command %q %q: unknown flags panic inside Karpenter's operator; the chart configures through the environment", c.Command, c.Args)
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	if env["LEADER_ELECTION_NAME"] != "kpssh-leader-election" || env["DISABLE_LEADER_ELECTION"] != "false" || env["METRICS_PORT"] != "8080" || env["POOL_NAMESPACE"] != "kpssh-system" {
+		t.Errorf("env %v", env)
+	}
+
+	// Every variable is one the controller reads: it names a flag of the
+	// controller's flag set (flag foo-bar ↔ FOO_BAR), and parsing with the
+	// environment set succeeds.
+	parse := func(t *testing.T, vars []corev1.EnvVar) error {
+		for _, e := range vars {
+			v := e.Value
+			if e.ValueFrom != nil {
+				v = "1073741824" // a resourceFieldRef resolves to a number
+			}
+			t.Setenv(e.Name, v)
+		}
+		fs := &coreoptions.FlagSet{FlagSet: flag.NewFlagSet("controller", flag.ContinueOnError)}
+		fs.SetOutput(io.Discard)
+		core := &coreoptions.Options{}
+		core.AddFlags(fs)
+		ours := &options.Options{}
+		ours.AddFlags(fs)
+		for _, e := range vars {
+			name := strings.ToLower(strings.ReplaceAll(e.Name, "_", "-"))
+			if fs.Lookup(name) == nil {
+				return fmt.Errorf("env %s: the controller has no flag %s, so it never reads it", e.Name, name)
+			}
+		}
+		if err := core.Parse(fs); err != nil {
+			return err
+		}
+		if err := ours.Parse(fs); err != nil {
+			return err
+		}
+		if ours.PoolNamespace != env["POOL_NAMESPACE"] || core.LeaderElectionName != "kpssh-leader-election" || core.MemoryLimit != 1073741824 {
+			return fmt.Errorf("parsed %+v / leader %q memory %d", ours, core.LeaderElectionName, core.MemoryLimit)
+		}
+		return nil
+	}
+	t.Run("defaults", func(t *testing.T) {
+		if err := parse(t, c.Env); err != nil {
+			t.Error(err)
+		}
+	})
+	// The controller of this version refuses executor job (NOTES warns).
+	t.Run("executor job", func(t *testing.T) {
+		dj := convert[appsv1.Deployment](t, find(w.template(t, "--set", "executor=job"), "Deployment", "kpssh", "kpssh"))
+		if err := parse(t, dj.Spec.Template.Spec.Containers[0].Env); err == nil || !strings.Contains(err.Error(), "executor job is not implemented") {
+			t.Errorf("executor job: %v", err)
+		}
+	})
+}
+
+func TestBadValuesRefused(t *testing.T) {
+	w := setup(t)
+	cases := []struct {
+		set, want string
+	}{
+		{"foo=1", "additional properties 'foo' not allowed"},
+		{"image.typo=x", "additional properties 'typo' not allowed"},
+		{"executor=ssh", "/executor"},
+		{"replicas=0", "/replicas"},
+		{"probe.interval=soon", "/probe/interval"},
+		{"podDisruptionBudget.enabled=true,podDisruptionBudget.minAvailable=1", "set maxUnavailable or minAvailable, not both"},
+		{"podDisruptionBudget.enabled=true,podDisruptionBudget.maxUnavailable=0", "maxUnavailable 0 would block every node drain forever"},
+		{"podDisruptionBudget.enabled=true,podDisruptionBudget.maxUnavailable=null,podDisruptionBudget.minAvailable=1", "minAvailable 1 with 1 replica(s) would block every node drain forever"},
+		{"podDisruptionBudget.enabled=true,podDisruptionBudget.maxUnavailable=null,podDisruptionBudget.minAvailable=100%", "minAvailable 100% would block"},
+		{"podDisruptionBudget.enabled=true,podDisruptionBudget.maxUnavailable=null", "set maxUnavailable or minAvailable"},
+		{"podDisruptionBudget.maxUnavailable=-1", "/podDisruptionBudget/maxUnavailable"},
+		{"affinity.nodeAffinity.x=1", "affinity.nodeAffinity is the chart's own"},
+		{"serviceAccount.create=false", "serviceAccount.name is required"},
+		{"poolNamespace=Bad_NS", "/poolNamespace"},
+	}
+	for _, tc := range cases {
+		_, stderr, code := w.run(t, "template", "kpssh", w.chart, "--kube-version", kubeVersion, "--set", tc.set)
+		if code == 0 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("--set %s: exit %d, stderr %q, want it to contain %q", tc.set, code, stderr, tc.want)
+		}
+	}
+	// A sensible budget with replicas passes.
+	if _, stderr, code := w.run(t, "template", "kpssh", w.chart, "--kube-version", kubeVersion, "--set",
+		"replicas=3,podDisruptionBudget.enabled=true,podDisruptionBudget.maxUnavailable=null,podDisruptionBudget.minAvailable=2"); code != 0 {
+		t.Errorf("minAvailable 2 of 3: %s", stderr)
+	}
+}
+
+// TestChartCRDs: the chart ships exactly the generated CRDs and Karpenter
+// core's (make chart-crds copies them).
+func TestChartCRDs(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "charts", "kpssh", "crds")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chart := map[string]*apiextensionsv1.CustomResourceDefinition{}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.UnmarshalStrict(b, crd); err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+		chart[crd.Name] = crd
+	}
+	ours, err := testenv.OurCRDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(append([]*apiextensionsv1.CustomResourceDefinition{}, ours...), karpapis.CRDs...)
+	if len(chart) != len(want) {
+		t.Errorf("chart has %d CRDs, want %d (run make chart-crds)", len(chart), len(want))
+	}
+	for _, w := range want {
+		got, ok := chart[w.Name]
+		if !ok {
+			t.Errorf("chart lacks CRD %s (run make chart-crds)", w.Name)
+			continue
+		}
+		if !equality.Semantic.DeepEqual(got.Spec, w.Spec) {
+			t.Errorf("chart CRD %s differs from the generated one (run make chart-crds)", w.Name)
+		}
+	}
+}
+
+// TestHelmInstall installs the chart, every optional object on, onto a
+// real kube-apiserver that has no CRDs yet; the apiserver accepts every
+// object and its authorizer grants the ServiceAccount exactly the scoped
+// permissions.
+func TestHelmInstall(t *testing.T) {
+	w := setup(t)
+	assets, err := testenv.Assets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheme := testenv.Scheme()
+	te := &envtest.Environment{BinaryAssetsDirectory: assets, Scheme: scheme, ControlPlaneStartTimeout: 2 * time.Minute, ControlPlaneStopTimeout: time.Minute}
+	cfg, err := te.Start()
+	if err != nil {
+		t.Fatalf("start kube-apiserver: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := te.Stop(); err != nil {
+			t.Errorf("stop kube-apiserver: %v", err)
+		}
+	})
+	user, err := te.ControlPlane.AddUser(envtest.User{Name: "chart-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, ns := range []string{"kpssh", "kpssh-system"} {
+		if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// No Prometheus operator here: a stand-in ServiceMonitor CRD (any spec)
+	// so the optional ServiceMonitor has a kind to be created as.
+	if err := cl.Create(ctx, serviceMonitorCRD()); err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, cl, "servicemonitors.monitoring.coreos.com")
+	for _, ns := range []string{"kube-system", "kube-public", "kube-node-lease"} {
+		waitNamespace(t, cl, ns)
+	}
+
+	args := append([]string{"install", "kpssh", w.chart, "--kubeconfig", kubeconfig, "--namespace", "kpssh", "--timeout", "2m"},
+		"--set", "serviceMonitor.enabled=true,networkPolicy.enabled=true,podDisruptionBudget.enabled=true,dashboard.enabled=true")
+	out, stderr, code := w.run(t, args...)
+	if code != 0 {
+		t.Fatalf("helm install: exit %d\n%s%s", code, out, stderr)
+	}
+	if !strings.Contains(out, "STATUS: deployed") || !strings.Contains(out, "kubectl kpssh hosts --namespace kpssh-system") || !strings.Contains(out, "Lease: kpssh/kpssh-leader-election") {
+		t.Errorf("helm install output:\n%s", out)
+	}
+
+	// The CRDs were created by the install and are served.
+	ours, err := testenv.OurCRDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(append([]*apiextensionsv1.CustomResourceDefinition{}, ours...), karpapis.CRDs...) {
+		waitEstablished(t, cl, c.Name)
+	}
+	// Every object of the manifest exists in the apiserver.
+	manifest, stderr, code := w.run(t, "get", "manifest", "kpssh", "--kubeconfig", kubeconfig, "--namespace", "kpssh")
+	if code != 0 {
+		t.Fatalf("helm get manifest: %s", stderr)
+	}
+	objs := decodeAll(t, manifest)
+	// ServiceAccount, ClusterRole(Binding), 5 Roles + Bindings, Deployment,
+	// Service, ServiceMonitor, NetworkPolicy, PDB, dashboard ConfigMap.
+	if len(objs) != 19 {
+		t.Fatalf("%d objects in the release manifest, want 19: %v", len(objs), kinds(objs))
+	}
+	for _, o := range objs {
+		got := &unstructured.Unstructured{}
+		got.SetGroupVersionKind(o.GroupVersionKind())
+		if err := cl.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetName()}, got); err != nil {
+			t.Errorf("%s %s/%s not in the apiserver: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+		}
+	}
+	var d appsv1.Deployment
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: "kpssh", Name: "kpssh"}, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType || d.Spec.Template.Spec.ServiceAccountName != "kpssh" {
+		t.Errorf("Deployment as stored: %+v", d.Spec)
+	}
+
+	// RBAC as the apiserver's authorizer sees it.
+	sa := "system:serviceaccount:kpssh:kpssh"
+	cases := []struct {
+		verb, group, resource, sub, ns, name string
+		allowed                              bool
+	}{
+		{"get", "", "secrets", "", "kpssh-system", "host-key", true},
+		{"list", "", "secrets", "", "kpssh-system", "", false},
+		{"watch", "", "secrets", "", "kpssh-system", "", false},
+		{"update", "", "secrets", "", "kpssh-system", "host-key", false},
+		{"get", "", "secrets", "", "default", "x", false},
+		{"get", "", "secrets", "", "kpssh", "x", false},
+		{"create", "", "secrets", "", "kube-system", "", true},
+		{"delete", "", "secrets", "", "kube-system", "bootstrap-token-abcdef", true},
+		{"update", "", "secrets", "", "kube-system", "bootstrap-token-abcdef", false},
+		{"get", "", "configmaps", "", "kube-public", "cluster-info", true},
+		{"get", "", "configmaps", "", "kube-public", "other", false},
+		{"get", "karpenter.dklesev.github.io", "sshhosts", "", "kpssh-system", "h1", true},
+		{"list", "karpenter.dklesev.github.io", "sshhosts", "", "kpssh-system", "", true},
+		{"update", "karpenter.dklesev.github.io", "sshhosts", "", "kpssh-system", "h1", false},
+		{"patch", "karpenter.dklesev.github.io", "sshhosts", "", "kpssh-system", "h1", false},
+		{"create", "karpenter.dklesev.github.io", "sshhosts", "", "kpssh-system", "", false},
+		{"delete", "karpenter.dklesev.github.io", "sshhosts", "", "kpssh-system", "h1", false},
+		{"patch", "karpenter.dklesev.github.io", "sshhosts", "status", "kpssh-system", "h1", true},
+		{"get", "karpenter.dklesev.github.io", "sshjoinprofiles", "", "", "p", true},
+		{"update", "karpenter.dklesev.github.io", "sshjoinprofiles", "", "", "p", false},
+		{"patch", "karpenter.dklesev.github.io", "sshjoinprofiles", "", "", "p", false},
+		{"patch", "karpenter.dklesev.github.io", "sshnodeclasses", "status", "", "c", true},
+		{"create", "karpenter.sh", "nodeclaims", "", "", "", true},
+		{"patch", "karpenter.sh", "nodepools", "status", "", "p", true},
+		{"patch", "", "nodes", "", "", "n1", true},
+		{"delete", "", "nodes", "", "", "n1", true},
+		{"create", "", "nodes", "", "", "", false},
+		{"create", "", "pods", "eviction", "default", "p", true},
+		{"create", "", "events", "", "default", "", true},
+		{"create", "coordination.k8s.io", "leases", "", "kpssh", "", true},
+		{"update", "coordination.k8s.io", "leases", "", "kpssh", "kpssh-leader-election", true},
+		{"update", "coordination.k8s.io", "leases", "", "kpssh", "karpenter-leader-election", false},
+		{"delete", "coordination.k8s.io", "leases", "", "kube-node-lease", "n1", true},
+		{"create", "batch", "jobs", "", "kpssh", "", false}, // executor local: no Job RBAC
+	}
+	for _, tc := range cases {
+		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+			User:               sa,
+			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:kpssh", "system:authenticated"},
+			ResourceAttributes: &authzv1.ResourceAttributes{Verb: tc.verb, Group: tc.group, Resource: tc.resource, Subresource: tc.sub, Namespace: tc.ns, Name: tc.name},
+		}}
+		if err := cl.Create(ctx, sar); err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed != tc.allowed {
+			t.Errorf("%s %s/%s %s in %q name %q: allowed %v, want %v (%s)", tc.verb, tc.group, tc.resource, tc.sub, tc.ns, tc.name, sar.Status.Allowed, tc.allowed, sar.Status.Reason)
+		}
+	}
+
+	// Uninstall removes what install made (CRDs stay, as helm keeps them).
+	if _, stderr, code := w.run(t, "uninstall", "kpssh", "--kubeconfig", kubeconfig, "--namespace", "kpssh", "--wait", "--timeout", "2m"); code != 0 {
+		t.Fatalf("helm uninstall: %s", stderr)
+	}
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: "kpssh", Name: "kpssh"}, &appsv1.Deployment{}); err == nil {
+		t.Error("Deployment left after uninstall")
+	}
+}
+
+func serviceMonitorCRD() *apiextensionsv1.CustomResourceDefinition {
+	preserve := true
+	return &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "servicemonitors.monitoring.coreos.com"},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: "monitoring.coreos.com",
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "servicemonitors", Singular: "servicemonitor", Kind: "ServiceMonitor", ListKind: "ServiceMonitorList"},
+			Scope: apiextensionsv1.NamespaceScoped,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: &preserve}}}},
+		},
+	}
+}
+
+// eventually polls cond with a generous bound (loaded CI machines).
+func eventually(t *testing.T, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 2m (last error %v)", what, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func waitEstablished(t *testing.T, cl client.Client, name string) {
+	t.Helper()
+	eventually(t, "CRD "+name+" established", func() (bool, error) {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := cl.Get(context.Background(), client.ObjectKey{Name: name}, crd); err != nil {
+			return false, err
+		}
+		for _, c := range crd.Status.Conditions {
+			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+// waitNamespace: the apiserver creates its system namespaces shortly after start.
+func waitNamespace(t *testing.T, cl client.Client, name string) {
+	t.Helper()
+	eventually(t, "namespace "+name, func() (bool, error) {
+		err := cl.Get(context.Background(), client.ObjectKey{Name: name}, &corev1.Namespace{})
+		return err == nil, err
+	})
+}
