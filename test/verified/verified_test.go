@@ -143,7 +143,9 @@ func (f *fixture) sessions() int {
 	return n
 }
 
-func provision(t *testing.T, w *hostenv.World, dir string, login, signer key) {
+// provision runs playbooks/provision-verified.yml against the world's host
+// (as root) with the given keys and extra variables (YAML lines).
+func provision(t *testing.T, w *hostenv.World, dir string, login, signer key, extra string) (string, error) {
 	t.Helper()
 	root, err := hostenv.RepoRoot()
 	if err != nil {
@@ -167,7 +169,7 @@ func provision(t *testing.T, w *hostenv.World, dir string, login, signer key) {
 		t.Fatal(err)
 	}
 	vars := filepath.Join(dir, "vars.yml")
-	if err := os.WriteFile(vars, []byte(fmt.Sprintf("verified_host_allowed_signers:\n  - key: %q\n    valid_before: \"29991231\"\nverified_host_authorized_keys:\n  - %q\n", signer.pub, login.pub)), 0o600); err != nil {
+	if err := os.WriteFile(vars, []byte(fmt.Sprintf("verified_host_allowed_signers:\n  - key: %q\n    valid_before: \"29991231\"\nverified_host_authorized_keys:\n  - %q\n", signer.pub, login.pub)+extra), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	playbook := func() (string, error) {
@@ -182,15 +184,9 @@ func provision(t *testing.T, w *hostenv.World, dir string, login, signer key) {
 		return string(out), err
 	}
 	start := time.Now()
-	if out, err := playbook(); err != nil {
-		t.Fatalf("provision-verified.yml: %v\n%s", err, out)
-	}
-	t.Logf("provisioned in %v", time.Since(start).Round(time.Millisecond))
-	// idempotent: a second run changes nothing
 	out, err := playbook()
-	if err != nil || !strings.Contains(out, "changed=0") {
-		t.Fatalf("second provision run not idempotent: %v\n%s", err, out)
-	}
+	t.Logf("provision-verified.yml in %v (err %v)", time.Since(start).Round(time.Millisecond), err)
+	return out, err
 }
 
 func TestVerifiedHost(t *testing.T) {
@@ -200,7 +196,13 @@ func TestVerifiedHost(t *testing.T) {
 	w := hostenv.Up(t, 1)
 	dir := t.TempDir()
 	f := &fixture{t: t, w: w, login: keygen(t, dir, "login"), signer: keygen(t, dir, "signer"), rogue: keygen(t, dir, "rogue")}
-	provision(t, w, dir, f.login, f.signer)
+	if out, err := provision(t, w, dir, f.login, f.signer, ""); err != nil {
+		t.Fatalf("provision-verified.yml: %v\n%s", err, out)
+	}
+	// idempotent: a second run changes nothing
+	if out, err := provision(t, w, dir, f.login, f.signer, ""); err != nil || !strings.Contains(out, "changed=0") {
+		t.Fatalf("second provision run not idempotent: %v\n%s", err, out)
+	}
 
 	coll, err := engine.FindCollectionsPath()
 	if err != nil {
@@ -240,6 +242,25 @@ func TestVerifiedHost(t *testing.T) {
 		// the shim's unset list applied
 		if want := "uid=0 node=node-v1 token=23 bashenv=unset"; got != want {
 			t.Fatalf("join wrote %q, want %q", got, want)
+		}
+	})
+
+	t.Run("without ForceCommand: root login runs the shim by name", func(t *testing.T) {
+		rootKey, err := os.ReadFile(w.Inventory().ClientKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := w.Host(0)
+		v := signed(now.Add(-2*time.Hour), "join", joinScript)
+		req := engine.Request{Phase: engine.PhaseJoin, Conn: engine.Connection{Address: h.Address, Port: int32(h.Port), User: "root", PrivateKey: rootKey, HostKey: h.HostKey},
+			Source: engine.Source{Script: joinScript, Verified: &v}, Context: ctx, Timeout: 2 * time.Minute}
+		cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if r := f.e.Run(cctx, req); r.Outcome != engine.Succeeded {
+			t.Fatalf("root + kpssh-shim run: %s: %s", r.Outcome, r.Message)
+		}
+		if got := f.w.MustRun(0, "cat "+marker+" && rm -f "+marker); !strings.HasPrefix(got, "uid=0 node=node-v1") {
+			t.Fatalf("marker %q", got)
 		}
 	})
 
@@ -382,6 +403,39 @@ func TestVerifiedHost(t *testing.T) {
 			t.Fatalf("want Failed rc 10 with the stderr tail, got %s rc %d: %s", r.Outcome, r.RC, r.Message)
 		}
 		f.markerGone("failing script")
+	})
+
+	t.Run("v1 only when configured", func(t *testing.T) {
+		v1 := engine.Verified{Signature: string(mustSign(t, f.signer, joinScript)), TrustedSigners: []string{f.signer.pub}}
+		if r := f.run(engine.PhaseJoin, joinScript, v1, ctx); r.Outcome != engine.Rejected || r.RC != 2 {
+			t.Fatalf("v1 before allow-v1: want Rejected rc 2, got %s rc %d", r.Outcome, r.RC)
+		}
+		f.markerGone("v1 refused")
+		if out, err := provision(t, w, dir, f.login, f.signer, "verified_host_allow_v1: true\n"); err != nil {
+			t.Fatalf("provision with allow_v1: %v\n%s", err, out)
+		}
+		if r := f.run(engine.PhaseJoin, joinScript, v1, ctx); r.Outcome != engine.Succeeded {
+			t.Fatalf("v1 with allow-v1: %s: %s", r.Outcome, r.Message)
+		}
+		f.w.MustRun(0, "rm -f "+marker)
+	})
+
+	t.Run("a broken sshd configuration is rolled back", func(t *testing.T) {
+		const dropin = "/etc/ssh/sshd_config.d/60-kpssh-verified.conf"
+		before := f.w.MustRun(0, "cat "+dropin)
+		out, err := provision(t, w, dir, f.login, f.signer, "verified_host_allow_v1: true\nverified_host_sshd_extra_options: [\"NoSuchSshdOption yes\"]\n")
+		if err == nil || !strings.Contains(out, "previous configuration is back") {
+			t.Fatalf("provisioning with a broken sshd option did not fail as it should: %v\n%s", err, out)
+		}
+		if after := f.w.MustRun(0, "cat "+dropin); after != before {
+			t.Fatalf("drop-in not restored:\n%s\nwas:\n%s", after, before)
+		}
+		if st := f.w.MustRun(0, "systemctl is-active ssh; /usr/sbin/sshd -t && echo valid"); st != "active\nvalid" {
+			t.Fatalf("sshd after rollback: %q", st)
+		}
+		if rc, out := f.sshAsKpssh("kpssh-shim ping", nil); rc != 0 {
+			t.Fatalf("kpssh login after rollback: exit %d: %s", rc, out)
+		}
 	})
 
 	t.Run("no temp files left", func(t *testing.T) {
