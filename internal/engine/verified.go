@@ -3,6 +3,8 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -162,6 +164,12 @@ func verifiedPlaybook(req Request, rc renderConfig) string {
 	var b strings.Builder
 	b.WriteString(playHeader(req, "verified"))
 	shim := req.Source.Verified.shim()
+	run := shim + " run"
+	if rc.remoteTimeout && rc.timeout > 0 {
+		// the host-side bound of the script (as timeout(1) in raw mode): the
+		// shim takes the smaller of this and its own max-seconds
+		run += " " + strconv.Itoa(int(math.Ceil(rc.timeout.Seconds())))
+	}
 	fmt.Fprintf(&b, `  tasks:
     - name: %s
       # The envelope (signed script, signature, KPSSH_* params) goes to the
@@ -177,7 +185,7 @@ func verifiedPlaybook(req Request, rc renderConfig) string {
         result_file: %s
         connect_check: true
         connect_cmd: %s
-`, yq("kpssh: "+string(req.Phase)+" verified script"), yq(connectTaskName), yq(shim+" run"), yq(rc.path(fileEnvelope)), yq(rc.path(fileResult)), yq(shim+" ping"))
+`, yq("kpssh: "+string(req.Phase)+" verified script"), yq(connectTaskName), yq(run), yq(rc.path(fileEnvelope)), yq(rc.path(fileResult)), yq(shim+" ping"))
 	return b.String()
 }
 

@@ -90,7 +90,7 @@ func TestVerifiedRenderAndOutcome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"dklesev.kpssh.stdin_exec", `"kpssh-shim run"`, `"kpssh-shim ping"`, "kpssh-envelope: 1", "no_log: true"} {
+	for _, want := range []string{"dklesev.kpssh.stdin_exec", `"kpssh-shim run 600"`, `"kpssh-shim ping"`, "kpssh-envelope: 1", "no_log: true"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("render lacks %q:\n%s", want, out)
 		}

@@ -438,6 +438,32 @@ func TestVerifiedHost(t *testing.T) {
 		}
 	})
 
+	t.Run("the phase timeout bounds the script on the host", func(t *testing.T) {
+		hang := "#!/bin/bash\nset -euo pipefail\nsleep 3001\n"
+		v := signed(now, "join", hang)
+		cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		r := f.e.Run(cctx, engine.Request{Phase: engine.PhaseJoin, Conn: f.conn(), Source: engine.Source{Script: hang, Verified: &v}, Context: ctx, Timeout: 5 * time.Second})
+		// the engine's timer starts before ansible-playbook, the shim's
+		// after it: normally TimedOut; the shim's bound firing first is a
+		// failed script (10). Either way the phase did not pass, and the
+		// script must not outlive the bound on the host.
+		if r.Outcome != engine.TimedOut && !(r.Outcome == engine.Failed && r.RC == engine.ShimScriptFailed) {
+			t.Fatalf("hanging script: %s rc %d: %s", r.Outcome, r.RC, r.Message)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			n := f.w.MustRun(0, "pgrep -fc 'sleep 300[1]' || true")
+			if n == "0" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the script still runs on the host 60 s after a 5 s phase timeout (%s processes)", n)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	})
+
 	t.Run("no temp files left", func(t *testing.T) {
 		if out := f.w.MustRun(0, "ls -d /run/kpssh-shim.* /tmp/kpssh-shim.* 2>/dev/null | wc -l"); out != "0" {
 			t.Fatalf("shim temp dirs left: %s", out)
