@@ -1,0 +1,332 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+)
+
+const (
+	unitsJoined = "kubelet=enabled/active containerd=enabled/active"
+	unitsLeft   = "kubelet=disabled/inactive containerd=disabled/inactive"
+)
+
+// state carried from one scenario to the next (they share one world).
+type state struct {
+	host string // the host ScaleUp joined
+}
+
+// TestE2E runs the scenarios in order in one world: each starts from the
+// state the previous one left (all hosts Available, nothing joined), so a
+// failure stops the rest.
+func TestE2E(t *testing.T) {
+	w := newWorld(t)
+	st := &state{}
+	scenarios := []struct {
+		name string
+		run  func(*world, *state)
+	}{
+		{"ScaleUp", scaleUp},
+		{"Consolidation", consolidation},
+		{"Reboot", reboot},
+		{"ZombieGuard", zombieGuard},
+		{"Maintenance", maintenance},
+		{"Drift", drift},
+	}
+	failed := ""
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			if failed != "" {
+				t.Fatalf("not run: scenario %s failed and the scenarios share state", failed)
+			}
+			start := time.Now()
+			defer func() { t.Logf("scenario %s: %v", sc.name, time.Since(start).Round(100*time.Millisecond)) }()
+			sc.run(w.withT(t), st)
+		})
+		if t.Failed() && failed == "" {
+			failed = sc.name
+		}
+	}
+}
+
+func (w *world) withT(t *testing.T) *world {
+	c := *w
+	c.t = t
+	c.hosts = w.hosts.WithT(t)
+	return &c
+}
+
+// joined waits for one NodeClaim whose host is InUse with a Ready Node
+// carrying the host's providerID and the workload pod Running on it; it
+// returns the host and logs the claim's timeline.
+func (w *world) joined(exclude string) (*v1beta1.SSHHost, *karpv1.NodeClaim) {
+	w.t.Helper()
+	ctx := context.Background()
+	var host *v1beta1.SSHHost
+	var claim *karpv1.NodeClaim
+	w.eventually("a host joined as a Ready node running the pod", 6*time.Minute, func() (bool, string) {
+		claims := w.nodeClaims()
+		var live []karpv1.NodeClaim
+		for _, c := range claims {
+			if c.DeletionTimestamp == nil {
+				live = append(live, c)
+			}
+		}
+		if len(live) != 1 {
+			return false, fmt.Sprintf("%d live NodeClaims", len(live))
+		}
+		claim = &live[0]
+		var inUse []v1beta1.SSHHost
+		var s []string
+		for _, h := range w.sshHosts() {
+			s = append(s, h.Name+"="+string(h.Status.State))
+			if h.Status.ClaimRef != nil && h.Status.ClaimRef.Name == claim.Name {
+				inUse = append(inUse, h)
+			}
+		}
+		if len(inUse) != 1 {
+			return false, fmt.Sprintf("claim %s held by %d hosts (%s)", claim.Name, len(inUse), strings.Join(s, " "))
+		}
+		host = &inUse[0]
+		if host.Name == exclude {
+			return false, "claim landed on excluded host " + exclude
+		}
+		if host.Status.State != v1beta1.HostInUse {
+			return false, fmt.Sprintf("host %s is %s (last phase %+v)", host.Name, host.Status.State, host.Status.LastPhase)
+		}
+		want := "kpssh://" + poolNS + "/" + host.Name
+		if claim.Status.ProviderID != want || host.Status.ProviderID != want {
+			return false, fmt.Sprintf("providerID claim=%q host=%q, want %q", claim.Status.ProviderID, host.Status.ProviderID, want)
+		}
+		node := &corev1.Node{}
+		if err := w.kube.Get(ctx, client.ObjectKey{Name: host.Name}, node); err != nil {
+			return false, "node: " + err.Error()
+		}
+		if node.Spec.ProviderID != want || !nodeReady(node) {
+			return false, fmt.Sprintf("node %s providerID=%q ready=%v", node.Name, node.Spec.ProviderID, nodeReady(node))
+		}
+		pods := &corev1.PodList{}
+		if err := w.kube.List(ctx, pods, client.InNamespace("default"), client.MatchingLabels{"app": "pause"}); err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods.Items {
+			if p.Spec.NodeName == host.Name && p.Status.Phase == corev1.PodRunning {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("no Running pause pod on %s yet (%d pods)", host.Name, len(pods.Items))
+	})
+	w.t.Logf("joined %s: %s", host.Name, timeline(claim))
+	return host, claim
+}
+
+// timeline is a NodeClaim's lifecycle relative to its creation (API
+// timestamps have one-second resolution).
+func timeline(c *karpv1.NodeClaim) string {
+	t0 := c.CreationTimestamp.Time
+	var parts []string
+	for _, ct := range []string{karpv1.ConditionTypeLaunched, karpv1.ConditionTypeRegistered, karpv1.ConditionTypeInitialized} {
+		if cond := c.StatusConditions().Get(ct); cond != nil && cond.IsTrue() {
+			parts = append(parts, fmt.Sprintf("%s +%v", ct, cond.LastTransitionTime.Sub(t0)))
+		}
+	}
+	return "created → " + strings.Join(parts, ", ")
+}
+
+// gone waits until no NodeClaim and no Node is left and every host is
+// Available with kubelet and containerd disabled and no token Secret left.
+func (w *world) allLeft(what string) {
+	w.t.Helper()
+	w.eventually(what, 5*time.Minute, func() (bool, string) {
+		if n := len(w.nodeClaims()); n > 0 {
+			return false, fmt.Sprintf("%d NodeClaims", n)
+		}
+		if n := len(w.nodes()); n > 0 {
+			return false, fmt.Sprintf("%d Nodes", n)
+		}
+		return w.allHosts(v1beta1.HostAvailable)
+	})
+	for i := range w.hosts.Hosts() {
+		if u := w.units(i); u != unitsLeft && u != "kubelet=/inactive containerd=/inactive" {
+			diag, _, _ := w.hosts.Run(i, "ls -l /etc/systemd/system/multi-user.target.wants/; journalctl --no-pager -n 60 -u containerd -u kubelet -o short-precise; journalctl --no-pager -n 40 _COMM=systemctl -o short-precise")
+			w.t.Errorf("host %d: units %q, want %q (or never installed)\n%s", i, u, unitsLeft, diag)
+		}
+	}
+	w.eventually("no bootstrap-token Secret left", time.Minute, func() (bool, string) {
+		tk := w.tokens()
+		return len(tk) == 0, strings.Join(tk, " ")
+	})
+}
+
+func scaleUp(w *world, st *state) {
+	w.scale(1)
+	host, claim := w.joined("")
+	st.host = host.Name
+	i := w.hostIndex(host.Name)
+	if u := w.units(i); u != unitsJoined {
+		w.t.Errorf("units on %s: %q, want %q", host.Name, u, unitsJoined)
+	}
+	if host.Status.InstalledProfile != "tls-bootstrap-script@1" {
+		w.t.Errorf("installedProfile %q", host.Status.InstalledProfile)
+	}
+	// The kubelet's client certificate came from the CSR the bootstrap token signed.
+	if out := w.mustKubectl("get", "csr", "-o", "jsonpath={range .items[*]}{.spec.username} {.status.conditions[*].type}{\"\\n\"}{end}"); !strings.Contains(out, "system:bootstrap:") || !strings.Contains(out, "Approved") {
+		w.t.Errorf("no approved bootstrap CSR: %q", out)
+	}
+	// Token collected once the Node registered.
+	w.eventually("the join's bootstrap token deleted", time.Minute, func() (bool, string) {
+		tk := w.tokens()
+		return len(tk) == 0, strings.Join(tk, " ")
+	})
+	if c := claim.StatusConditions().Get(karpv1.ConditionTypeInitialized); c == nil || !c.IsTrue() {
+		w.t.Logf("note: NodeClaim not Initialized yet: %+v", c)
+	}
+}
+
+func consolidation(w *world, st *state) {
+	w.scale(0)
+	w.allLeft("consolidation: claim, node gone; hosts Available")
+	h := w.sshHost(st.host)
+	if h.Status.InstalledProfile != "tls-bootstrap-script@1" {
+		w.t.Errorf("warm pool: installedProfile %q after leave, want it kept", h.Status.InstalledProfile)
+	}
+	if h.Status.LastPhase == nil || h.Status.LastPhase.Phase != v1beta1.PhaseLeave || h.Status.LastPhase.Result != v1beta1.PhaseSucceeded {
+		w.t.Errorf("last phase %+v, want a succeeded leave", h.Status.LastPhase)
+	}
+}
+
+func reboot(w *world, st *state) {
+	i := w.hostIndex(st.host)
+	w.hosts.Reboot(i)
+	// A rebooted host stays out: no Node shows up for 90 s.
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		if n := w.nodes(); len(n) > 0 {
+			w.t.Fatalf("a Node appeared after the reboot: %s", n[0].Name)
+		}
+		time.Sleep(time.Second)
+	}
+	if u := w.units(i); u != unitsLeft {
+		w.t.Errorf("units after reboot: %q, want %q", u, unitsLeft)
+	}
+	w.eventually(st.host+" Available after the reboot", 2*time.Minute, func() (bool, string) {
+		h := w.sshHost(st.host)
+		return h.Status.State == v1beta1.HostAvailable, string(h.Status.State) + errSuffix(h.Status.LastProbeError)
+	})
+}
+
+// zombieGuard: a NodeClaim vanishes without Delete (finalizers stripped
+// while the controller is down, so nothing re-adds them): the host's claim
+// is stale, the probe finds a kubelet running on an unclaimed host of ours,
+// runs leave and deletes the Node.
+func zombieGuard(w *world, st *state) {
+	ctx := context.Background()
+	w.scale(1)
+	host, claim := w.joined("")
+	// Warm rejoin: the install cache hit, no install phase ran.
+	if host.Status.LastPhase == nil || host.Status.LastPhase.Phase != v1beta1.PhaseJoin {
+		w.t.Errorf("rejoin of %s: last phase %+v, want join", host.Name, host.Status.LastPhase)
+	}
+	w.scale(0)
+	w.ctrl.stop()
+	patch := client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`))
+	if err := w.kube.Patch(ctx, claim, patch); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := w.kube.Delete(ctx, claim); client.IgnoreNotFound(err) != nil {
+		w.t.Fatal(err)
+	}
+	if u := w.units(w.hostIndex(host.Name)); u != unitsJoined {
+		w.t.Fatalf("zombie setup: units %q, want the kubelet still running", u)
+	}
+	w.ctrl.start()
+	w.allLeft("zombie guard: node deleted, host Available")
+	evs := w.mustKubectl("-n", poolNS, "get", "events", "--field-selector", "involvedObject.name="+host.Name, "-o", "jsonpath={.items[*].reason}")
+	if !strings.Contains(evs, "ZombieKubelet") || !strings.Contains(evs, "ZombieLeft") {
+		w.t.Errorf("events of %s: %q, want ZombieKubelet and ZombieLeft", host.Name, evs)
+	}
+}
+
+// maintenance: the seed's four steps, verbatim, with kubectl.
+func maintenance(w *world, st *state) {
+	w.scale(1)
+	host, _ := w.joined("")
+	name := host.Name
+	// 1. park the host
+	w.mustKubectl("-n", poolNS, "annotate", "sshhost", name, "karpenter.dklesev.github.io/maintenance=true")
+	// 2. evict it through karpenter (drain + leave)
+	claim := w.mustKubectl("-n", poolNS, "get", "sshhost", name, "-o", "jsonpath={.status.claimRef.name}")
+	if claim == "" {
+		w.t.Fatalf("%s has no claimRef while joined", name)
+	}
+	w.mustKubectl("delete", "nodeclaim", claim, "--timeout=5m")
+	// 3. the host lands in Maintenance and stays there; the workload moves
+	// to another host.
+	w.eventually(name+" in Maintenance", 3*time.Minute, func() (bool, string) {
+		h := w.sshHost(name)
+		return h.Status.State == v1beta1.HostMaintenance, string(h.Status.State)
+	})
+	other, _ := w.joined(name)
+	if u := w.units(w.hostIndex(name)); u != unitsLeft {
+		w.t.Errorf("units on the parked host: %q, want %q", u, unitsLeft)
+	}
+	probed := w.sshHost(name).Status.LastProbeTime
+	time.Sleep(10 * time.Second) // > 3 probe intervals: a parked host is not probed
+	h := w.sshHost(name)
+	if h.Status.State != v1beta1.HostMaintenance || (probed != nil && h.Status.LastProbeTime != nil && !h.Status.LastProbeTime.Equal(probed)) {
+		w.t.Errorf("parked host: state %s, lastProbeTime %v → %v", h.Status.State, probed, h.Status.LastProbeTime)
+	}
+	w.t.Logf("workload moved from %s to %s", name, other.Name)
+	// 4. hand it back
+	w.mustKubectl("-n", poolNS, "annotate", "sshhost", name, "karpenter.dklesev.github.io/maintenance-")
+	w.scale(0)
+	w.allLeft("maintenance over: everything Available")
+}
+
+// drift: bumping the profile's version drifts the node (ProfileDrift);
+// Karpenter replaces it: a new claim runs install again (new version), the
+// old node leaves.
+func drift(w *world, st *state) {
+	ctx := context.Background()
+	w.scale(1)
+	old, oldClaim := w.joined("")
+	w.mustKubectl("patch", "sshjoinprofile", "tls-bootstrap-script", "--type=merge", "-p", `{"spec":{"version":"2"}}`)
+	w.eventually("old claim Drifted", 3*time.Minute, func() (bool, string) {
+		c := &karpv1.NodeClaim{}
+		if err := w.kube.Get(ctx, client.ObjectKeyFromObject(oldClaim), c); err != nil {
+			return client.IgnoreNotFound(err) == nil, err.Error() // already replaced
+		}
+		d := c.StatusConditions().Get(karpv1.ConditionTypeDrifted)
+		return d != nil && d.IsTrue(), fmt.Sprintf("%+v", d)
+	})
+	w.eventually("replacement joined and old claim gone", 8*time.Minute, func() (bool, string) {
+		c := &karpv1.NodeClaim{}
+		err := w.kube.Get(ctx, client.ObjectKeyFromObject(oldClaim), c)
+		if err == nil {
+			return false, "old claim still there"
+		}
+		return client.IgnoreNotFound(err) == nil, err.Error()
+	})
+	host, _ := w.joined("")
+	if host.Status.InstalledProfile != "tls-bootstrap-script@2" {
+		w.t.Errorf("replacement %s: installedProfile %q, want tls-bootstrap-script@2 (install ran again)", host.Name, host.Status.InstalledProfile)
+	}
+	if host.Name != old.Name {
+		if u := w.units(w.hostIndex(old.Name)); u != unitsLeft {
+			w.t.Errorf("drifted host %s: units %q, want %q", old.Name, u, unitsLeft)
+		}
+	}
+	w.t.Logf("drifted %s replaced by %s", old.Name, host.Name)
+	w.scale(0)
+	w.allLeft("drift done: everything Available")
+}

@@ -1,0 +1,419 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1" // registers NodePool/NodeClaim in client-go's scheme
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/test/hostenv"
+)
+
+const poolNS = "kpssh-system"
+
+// world is one control plane + hosts + controller shared by the scenarios.
+type world struct {
+	t          *testing.T
+	repo       string
+	hosts      *hostenv.World
+	plane      string // hack/controlplane.sh plane name
+	kubeconfig string
+	kube       client.Client
+	ctrl       *controller
+	logDir     string
+}
+
+// script runs a hack/ script, bounded, returning stdout; stderr goes into
+// the error.
+func script(ctx context.Context, repo string, env []string, timeout time.Duration, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(repo, "hack", name)}, args...)...)
+	c.Dir = repo
+	c.Env = append(os.Environ(), env...)
+	c.Env = append(c.Env, "PATH="+os.Getenv("PATH")+":/usr/local/sbin:/usr/sbin:/sbin")
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+	c.WaitDelay = 10 * time.Second
+	var o, e bytes.Buffer
+	c.Stdout, c.Stderr = &o, &e
+	err := c.Run()
+	if err != nil {
+		return o.String(), fmt.Errorf("hack/%s %s: %w\n%s", name, strings.Join(args, " "), err, tail(e.String(), 4000))
+	}
+	return strings.TrimSpace(o.String()), nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// newWorld brings up everything; all of it is torn down by t.Cleanup.
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: the end-to-end world needs root, nspawn hosts, the Kubernetes binaries and ansible-playbook (make test runs it)")
+	}
+	ctx := context.Background()
+	repo, err := hostenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, repo: repo, logDir: t.TempDir()}
+	if d := os.Getenv("KPSSH_E2E_LOGS"); d != "" { // keep logs after the run
+		w.logDir = d
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	mirror, err := script(ctx, repo, nil, 40*time.Minute, "node-assets.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("node assets: %s (%v)", mirror, time.Since(start).Round(time.Millisecond))
+
+	// The controller binary, built from this checkout.
+	bin := filepath.Join(t.TempDir(), "controller")
+	bctx, cancel := context.WithTimeout(ctx, 20*time.Minute)
+	defer cancel()
+	b := exec.CommandContext(bctx, "go", "build", "-o", bin, "./cmd/controller")
+	b.Dir = repo
+	b.Env = append(os.Environ(), "GOTOOLCHAIN=go1.27.3")
+	if out, err := b.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/controller: %v\n%s", err, out)
+	}
+
+	w.hosts = hostenv.UpWith(t, 3, hostenv.Options{Mirror: mirror})
+	w.plane = w.hosts.Name()
+	env := []string{"KPSSH_CP=" + w.plane}
+	// A plane of an earlier, killed run of this test has the same name.
+	if _, err := script(ctx, repo, env, 2*time.Minute, "controlplane.sh", "down"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := script(context.Background(), repo, env, 2*time.Minute, "controlplane.sh", "down"); err != nil {
+			t.Errorf("control plane down: %v", err)
+		}
+	})
+	cpStart := time.Now()
+	if _, err := script(ctx, repo, env, 40*time.Minute, "controlplane.sh", "up", w.hosts.Inventory().BridgeAddress); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("control plane up in %v", time.Since(cpStart).Round(time.Millisecond))
+	if w.kubeconfig, err = script(ctx, repo, env, time.Minute, "controlplane.sh", "kubeconfig"); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", w.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.kube, err = client.New(cfg, client.Options{Scheme: clientgoscheme.Scheme}); err != nil {
+		t.Fatal(err)
+	}
+
+	w.apply(filepath.Join(repo, "examples/scripts/profile-tls-bootstrap.yaml"))
+	for _, f := range []string{"cni.yaml", "nodeclass.yaml", "nodepool.yaml", "workload.yaml"} {
+		w.apply(filepath.Join(repo, "test/e2e/testdata", f))
+	}
+	w.createHosts()
+
+	w.ctrl = &controller{t: t, bin: bin, dir: repo, logDir: w.logDir, env: []string{
+		"KUBECONFIG=" + w.kubeconfig,
+		"DISABLE_LEADER_ELECTION=true",
+		"POOL_NAMESPACE=" + poolNS,
+		"PROBE_INTERVAL=3s",
+		"BATCH_IDLE_DURATION=1s",
+		"BATCH_MAX_DURATION=3s",
+		"LOG_LEVEL=debug",
+	}}
+	w.ctrl.start()
+	t.Cleanup(w.ctrl.stop)
+	w.eventually("3 hosts Available", 3*time.Minute, func() (bool, string) { return w.allHosts(v1beta1.HostAvailable) })
+	t.Logf("world ready in %v", time.Since(start).Round(time.Millisecond))
+	return w
+}
+
+func (w *world) kubectl(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := exec.CommandContext(ctx, "kubectl", append([]string{"--kubeconfig=" + w.kubeconfig}, args...)...)
+	var o, e bytes.Buffer
+	c.Stdout, c.Stderr = &o, &e
+	if err := c.Run(); err != nil {
+		return o.String(), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, e.String())
+	}
+	return strings.TrimSpace(o.String()), nil
+}
+
+func (w *world) mustKubectl(args ...string) string {
+	w.t.Helper()
+	out, err := w.kubectl(args...)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return out
+}
+
+func (w *world) apply(file string) { w.t.Helper(); w.mustKubectl("apply", "-f", file) }
+
+// createHosts registers the world's hosts (and their SSH key) as the pool.
+func (w *world) createHosts() {
+	w.t.Helper()
+	inv := w.hosts.Inventory()
+	var b strings.Builder
+	for _, h := range inv.Hosts {
+		fmt.Fprintf(&b, `---
+apiVersion: karpenter.dklesev.github.io/v1beta1
+kind: SSHHost
+metadata:
+  name: %s
+  namespace: %s
+  labels: {karpenter.dklesev.github.io/host-class: small}
+spec:
+  address: %s
+  port: %d
+  user: %s
+  sshKeySecretRef: {name: world-key}
+  capacity: {cpu: "2", memory: 2Gi}
+`, h.Name, poolNS, h.Address, h.Port, h.User)
+	}
+	f := filepath.Join(w.t.TempDir(), "hosts.yaml")
+	if err := os.WriteFile(f, []byte(b.String()), 0o600); err != nil {
+		w.t.Fatal(err)
+	}
+	// The key goes in from its file through the API (never through argv).
+	key, err := os.ReadFile(inv.ClientKey)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := w.kube.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: poolNS}}); err != nil {
+		w.t.Fatal(err)
+	}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: poolNS, Name: "world-key"}, Data: map[string][]byte{"privateKey": key}}
+	if err := w.kube.Create(context.Background(), sec); err != nil {
+		w.t.Fatal(err)
+	}
+	w.apply(f)
+}
+
+// eventually polls cond every 500 ms until it holds or timeout passes.
+func (w *world) eventually(what string, timeout time.Duration, cond func() (bool, string)) {
+	w.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		ok, s := cond()
+		if ok {
+			return
+		}
+		if s != last && s != "" {
+			w.t.Logf("waiting for %s: %s", what, s)
+		}
+		last = s
+		if time.Now().After(deadline) {
+			w.t.Fatalf("timed out after %v waiting for %s; last: %s (controller log: %s)", timeout, what, last, w.ctrl.logPath())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func (w *world) sshHosts() []v1beta1.SSHHost {
+	w.t.Helper()
+	l := &v1beta1.SSHHostList{}
+	if err := w.kube.List(context.Background(), l, client.InNamespace(poolNS)); err != nil {
+		w.t.Fatal(err)
+	}
+	return l.Items
+}
+
+func (w *world) sshHost(name string) *v1beta1.SSHHost {
+	w.t.Helper()
+	h := &v1beta1.SSHHost{}
+	if err := w.kube.Get(context.Background(), client.ObjectKey{Namespace: poolNS, Name: name}, h); err != nil {
+		w.t.Fatal(err)
+	}
+	return h
+}
+
+func (w *world) allHosts(state v1beta1.HostState) (bool, string) {
+	var s []string
+	ok := true
+	hs := w.sshHosts()
+	for _, h := range hs {
+		s = append(s, fmt.Sprintf("%s=%s%s", h.Name, h.Status.State, errSuffix(h.Status.LastProbeError)))
+		ok = ok && h.Status.State == state
+	}
+	return ok && len(hs) == 3, strings.Join(s, " ")
+}
+
+func errSuffix(e string) string {
+	if e == "" {
+		return ""
+	}
+	return "(" + e + ")"
+}
+
+func (w *world) nodeClaims() []karpv1.NodeClaim {
+	w.t.Helper()
+	l := &karpv1.NodeClaimList{}
+	if err := w.kube.List(context.Background(), l); err != nil {
+		w.t.Fatal(err)
+	}
+	return l.Items
+}
+
+func (w *world) nodes() []corev1.Node {
+	w.t.Helper()
+	l := &corev1.NodeList{}
+	if err := w.kube.List(context.Background(), l); err != nil {
+		w.t.Fatal(err)
+	}
+	return l.Items
+}
+
+// tokens lists bootstrap-token Secrets (kube-system, type bootstrap.kubernetes.io/token).
+func (w *world) tokens() []string {
+	w.t.Helper()
+	l := &corev1.SecretList{}
+	if err := w.kube.List(context.Background(), l, client.InNamespace("kube-system")); err != nil {
+		w.t.Fatal(err)
+	}
+	var out []string
+	for _, s := range l.Items {
+		if s.Type == corev1.SecretTypeBootstrapToken {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// hostIndex maps a host name ("h2") to its hostenv index.
+func (w *world) hostIndex(name string) int {
+	w.t.Helper()
+	for i, h := range w.hosts.Hosts() {
+		if h.Name == name {
+			return i
+		}
+	}
+	w.t.Fatalf("no host %q in the world", name)
+	return -1
+}
+
+// units reports `systemctl is-enabled` and `is-active` of kubelet and
+// containerd on host i, e.g. "kubelet=enabled/active containerd=enabled/active".
+func (w *world) units(i int) string {
+	w.t.Helper()
+	out, _, err := w.hosts.Run(i, `for u in kubelet containerd; do printf '%s=%s/%s ' $u "$(systemctl is-enabled $u 2>/dev/null)" "$(systemctl is-active $u 2>/dev/null)"; done`)
+	if err != nil {
+		w.t.Fatalf("units on host %d: %v", i, err)
+	}
+	return strings.TrimSpace(out)
+}
+
+// scale sets the workload's replicas.
+func (w *world) scale(n int) {
+	w.t.Helper()
+	w.mustKubectl("-n", "default", "scale", "deployment/pause", fmt.Sprintf("--replicas=%d", n))
+}
+
+// controller is cmd/controller running as a child process (own process
+// group, killed and reaped by stop).
+type controller struct {
+	t      *testing.T
+	bin    string
+	dir    string
+	env    []string
+	logDir string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	runs   int
+}
+
+func freePort() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+}
+
+func (c *controller) logPath() string {
+	if c == nil {
+		return "(not started)"
+	}
+	return filepath.Join(c.logDir, "controller.log")
+}
+
+func (c *controller) start() {
+	c.t.Helper()
+	f, err := os.OpenFile(c.logPath(), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.runs++
+	fmt.Fprintf(f, "=== controller start %d at %s\n", c.runs, time.Now().UTC().Format(time.RFC3339Nano))
+	cmd := exec.Command(c.bin)
+	cmd.Dir = c.dir // finds playbooks/collections and roles/ from the checkout
+	cmd.Env = append(os.Environ(), c.env...)
+	cmd.Env = append(cmd.Env, "METRICS_PORT="+freePort(), "HEALTH_PROBE_PORT="+freePort())
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		c.t.Fatal(err)
+	}
+	f.Close()
+	c.cmd, c.done = cmd, make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(cmd, c.done)
+}
+
+// kill sends sig to the controller's process group and waits for it to exit.
+func (c *controller) kill(sig syscall.Signal) {
+	if c.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-c.cmd.Process.Pid, sig)
+	select {
+	case <-c.done:
+	case <-time.After(30 * time.Second):
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+		<-c.done
+	}
+	// Children (ansible-playbook runs) are in the same group; make sure none
+	// is left.
+	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+	c.cmd = nil
+}
+
+func (c *controller) stop() { c.kill(syscall.SIGTERM) }
