@@ -190,6 +190,11 @@ func (r *runner) playbook(ctx context.Context, sc *scenario, tg target, playbook
 	ctx, cancel := context.WithTimeout(ctx, playbookTimeout)
 	defer cancel()
 	argv := append([]string{"-i", sc.inventory}, args...)
+	for i, a := range argv {
+		if strings.HasSuffix(a, ".yml") && !filepath.IsAbs(a) {
+			argv[i] = filepath.Join(sc.dir, a)
+		}
+	}
 	argv = append(argv, filepath.Join(sc.dir, playbook))
 	c := exec.CommandContext(ctx, "ansible-playbook", argv...)
 	c.Dir = sc.dir
@@ -201,6 +206,12 @@ func (r *runner) playbook(ctx context.Context, sc *scenario, tg target, playbook
 		"KPSSH_MOLECULE_KNOWN_HOSTS=" + tg.knownHosts,
 		"MOLECULE_PROJECT_DIRECTORY=" + sc.projectDir, "MOLECULE_SCENARIO_DIRECTORY=" + sc.dir,
 		"MOLECULE_SCENARIO_NAME=" + sc.name,
+	}
+	// Profiling on request: ANSIBLE_CALLBACKS_ENABLED=junit JUNIT_OUTPUT_DIR=… (per-task times).
+	for _, k := range []string{"ANSIBLE_CALLBACKS_ENABLED", "JUNIT_OUTPUT_DIR", "JUNIT_TASK_CLASS"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
 	}
 	for k, v := range sc.env {
 		env = append(env, k+"="+v)
@@ -217,7 +228,33 @@ func (r *runner) playbook(ctx context.Context, sc *scenario, tg target, playbook
 	if ctx.Err() != nil {
 		return out.String(), fmt.Errorf("%s timed out after %v", playbook, playbookTimeout)
 	}
+	if d := os.Getenv("KPSSH_MOLECULE_LOGDIR"); d != "" {
+		// Every run's output, for reading when a step fails or is slow.
+		name := fmt.Sprintf("%s-%s-%s-%d.log", sc.role, sc.name, strings.TrimSuffix(playbook, ".yml"), time.Now().UnixNano())
+		_ = os.WriteFile(filepath.Join(d, name), out.Bytes(), 0o600)
+	}
+	if s := leakedSecret(out.String()); s != "" {
+		return "", fmt.Errorf("%s printed a secret (%s): a task that sees it lacks no_log", playbook, s)
+	}
 	return out.String(), err
+}
+
+// testSecrets are the secret values of test/molecule/shared/kpssh-context.yml
+// (the bootstrap token's secret half, the activation values): no playbook
+// output may contain them.
+var testSecrets = map[string]string{
+	"0123456789abcdef":                     "the bootstrap token's secret",
+	"a1b2c3d4-5e6f-4a7b-8c9d-0123456789ab": "the activation id",
+	"kpsshActivation+Code/0123456789XYZ=":  "the activation code",
+}
+
+func leakedSecret(out string) string {
+	for v, what := range testSecrets {
+		if strings.Contains(out, v) {
+			return what
+		}
+	}
+	return ""
 }
 
 // run runs sc's sequence against tg; it stops at the first failed step.
@@ -240,16 +277,19 @@ func (r *runner) run(ctx context.Context, sc *scenario, tg target) []stepResult 
 func (r *runner) step(ctx context.Context, sc *scenario, tg target, step string) error {
 	switch step {
 	case "syntax":
+		// One ansible-playbook run checks every playbook of the scenario.
+		var books []string
 		for _, p := range []string{"prepare.yml", "converge.yml", "side_effect.yml", "verify.yml"} {
-			if _, err := os.Stat(filepath.Join(sc.dir, p)); err != nil {
-				if p == "converge.yml" {
-					return fmt.Errorf("syntax: no converge.yml")
-				}
-				continue
+			if _, err := os.Stat(filepath.Join(sc.dir, p)); err == nil {
+				books = append(books, p)
+			} else if p == "converge.yml" {
+				return fmt.Errorf("syntax: no converge.yml")
 			}
-			if out, err := r.playbook(ctx, sc, tg, p, "--syntax-check"); err != nil {
-				return fmt.Errorf("syntax-check of %s failed: %v\n%s", p, err, tail(out, 40))
-			}
+		}
+		last := len(books) - 1
+		args := append([]string{"--syntax-check"}, books[:last]...)
+		if out, err := r.playbook(ctx, sc, tg, books[last], args...); err != nil {
+			return fmt.Errorf("syntax-check of %s failed: %v\n%s", strings.Join(books, ", "), err, tail(out, 40))
 		}
 		return nil
 	case "prepare", "verify":
