@@ -18,9 +18,17 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/envelope"
 	"github.com/dklesev/kpssh/internal/probe"
+	"github.com/dklesev/kpssh/internal/providers/hostkey"
+	"github.com/dklesev/kpssh/internal/providers/phase"
 	"github.com/dklesev/kpssh/internal/sshsig"
 	"github.com/dklesev/kpssh/test/hostenv"
 )
@@ -289,6 +297,39 @@ func TestVerifiedHost(t *testing.T) {
 		}
 		if got := f.w.MustRun(0, "cat "+marker+" && rm -f "+marker); !strings.HasPrefix(got, "uid=0 node=node-v1") {
 			t.Fatalf("marker %q", got)
+		}
+	})
+
+	t.Run("through the phase runner, from API objects", func(t *testing.T) {
+		// What the cloud provider runs: an SSHHost (Verified, trustedSigners)
+		// and a signed SSHJoinProfile become the verified source; the real
+		// engine and the real host-key dial.
+		h := w.Host(0)
+		host := &v1beta1.SSHHost{ObjectMeta: metav1.ObjectMeta{Name: "h1", Namespace: "pool"}, Spec: v1beta1.SSHHostSpec{
+			Address: h.Address, Port: int32(h.Port), User: "kpssh", SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"},
+			ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{v1beta1.TrustedSigner(f.signer.pub)}},
+			Status: v1beta1.SSHHostStatus{HostKeyFingerprint: h.Fingerprint}}
+		c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "pool", Name: "key"}, Data: map[string][]byte{"privateKey": f.login.priv}}).Build()
+		r := phase.New(f.e, hostkey.New(c), nil)
+		prof := &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: profileName}, Spec: v1beta1.SSHJoinProfileSpec{Version: "3",
+			Scripts:    &v1beta1.ProfileScripts{Install: "set -euo pipefail\n", Join: v1beta1.Script(joinScript), Leave: "set -euo pipefail\n"},
+			Signatures: &v1beta1.ProfileSignatures{Join: v1beta1.Signature(signed(now.Add(-2*time.Hour), "join", joinScript).Signature)}}}
+		cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if out := r.Run(cctx, host, prof, engine.PhaseJoin, ctx, nil); !out.OK() {
+			t.Fatalf("signed join through the runner: %s: %s", out.Outcome, out.Message)
+		}
+		f.w.MustRun(0, "test -e "+marker+" && rm -f "+marker)
+		// leave is unsigned: a config error before any dial (the runner's
+		// host-key fetch would be a session in the journal)
+		before := f.syncSessions()
+		out := r.Run(cctx, host, prof, engine.PhaseLeave, ctx, nil)
+		if out.Outcome != engine.ConfigError || out.HostSide() || out.LastPhase.Result != v1beta1.PhaseRejected || !strings.Contains(out.Message, "signatures.leave") {
+			t.Fatalf("unsigned leave: %s hostSide %v: %s", out.Outcome, out.HostSide(), out.Message)
+		}
+		if after := f.syncSessions(); after != before+1 {
+			t.Fatalf("the unsigned leave opened %d sessions", after-before-1)
 		}
 	})
 
