@@ -3,11 +3,14 @@ package cli
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"gopkg.in/yaml.v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -390,4 +393,47 @@ func FuzzParseInventory(f *testing.F) {
 func keyPEM(t *testing.T) []byte {
 	_, pemBytes := sshtest.NewKey(t)
 	return pemBytes
+}
+
+// BenchmarkParseInventory5000 parses a 5,000-host INI inventory (ranges,
+// group vars, children) and renders the manifests; the same-run baseline
+// is decoding an equivalent plain YAML document (what any YAML inventory
+// costs before a single host is resolved).
+func BenchmarkParseInventory5000(b *testing.B) {
+	var ini strings.Builder
+	ini.WriteString("[all:vars]\nkpssh_capacity_memory=8Gi\n")
+	var plain strings.Builder
+	plain.WriteString("all:\n  hosts:\n")
+	for g := 0; g < 50; g++ {
+		fmt.Fprintf(&ini, "[g%02d]\nnode%02d-[001:100] kpssh_capacity_cpu=4\n[g%02d:vars]\nansible_user=kube\n", g, g, g)
+		for i := 1; i <= 100; i++ {
+			fmt.Fprintf(&plain, "    node%02d-%03d: {kpssh_capacity_cpu: 4, kpssh_capacity_memory: 8Gi, ansible_user: kube}\n", g, i)
+		}
+	}
+	ini.WriteString("[pool:children]\n")
+	for g := 0; g < 50; g++ {
+		fmt.Fprintf(&ini, "g%02d\n", g)
+	}
+	data, yamlData := []byte(ini.String()), []byte(plain.String())
+	var parse, decode time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		hosts, err := ParseInventory(data, "ini", InventoryOptions{})
+		if err != nil || len(hosts) != 5000 {
+			b.Fatalf("%d hosts, %v", len(hosts), err)
+		}
+		if err := writeManifests(io.Discard, anySlice(InventoryManifests(hosts, "ns", "key"))...); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		var doc map[string]any
+		if err := yaml.Unmarshal(yamlData, &doc); err != nil {
+			b.Fatal(err)
+		}
+		parse, decode = parse+t1.Sub(t0), decode+time.Since(t1)
+	}
+	n := float64(b.N)
+	b.ReportMetric(parse.Seconds()*1000/n, "ms-import")
+	b.ReportMetric(decode.Seconds()*1000/n, "ms-yaml-baseline")
+	b.Logf("5000 hosts: import (parse + resolve + manifests) %.1f ms, plain YAML decode of the same hosts %.1f ms (same run)", parse.Seconds()*1000/n, decode.Seconds()*1000/n)
 }
