@@ -7,7 +7,7 @@ import (
 
 // PhaseDuration is kpssh_instance_phase_duration_seconds{phase,outcome}:
 // every phase run on a host, whatever the caller (create, delete, zombie
-// guard). Outcome is the engine's (Succeeded, Failed, TimedOut, ConfigError).
+// guard). Outcome is the engine's (Succeeded, Failed, TimedOut, ConfigError, Rejected).
 var PhaseDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 	Namespace: "kpssh",
 	Subsystem: "instance",
