@@ -41,6 +41,9 @@ const MaxInventoryBytes = 8 << 20
 // node[1:99999999] must be an error, not an out-of-memory.
 const maxRangeHosts = 10000
 
+// maxInventoryHosts bounds a whole inventory (many large ranges).
+const maxInventoryHosts = 50000
+
 // InventoryHost is one host of an inventory, resolved: its effective
 // variables (all → ancestor groups → its groups → its own), its class and
 // where it was defined.
@@ -96,6 +99,7 @@ type invGroup struct {
 type rawInventory struct {
 	groups map[string]*invGroup
 	order  []string
+	hosts  int // host entries so far, for maxInventoryHosts
 }
 
 func newRaw() *rawInventory {
@@ -116,6 +120,9 @@ func (r *rawInventory) addHost(group, pattern string, line int, vars map[string]
 	names, err := expandRange(pattern)
 	if err != nil {
 		return errAt(line, "host %q: %v", pattern, err)
+	}
+	if r.hosts += len(names); r.hosts > maxInventoryHosts {
+		return errAt(line, "the inventory lists more than %d hosts", maxInventoryHosts)
 	}
 	g := r.group(group, line)
 	for _, n := range names {
@@ -248,7 +255,15 @@ func parseINI(data []byte) (*rawInventory, error) {
 					return nil, errAt(n, "host %s: %s: %v", fields[0], k, err)
 				}
 			}
-			if err := r.addHost(section, fields[0], n, vars); err != nil {
+			// Ansible's "host:port" form (the port after any range).
+			pattern := fields[0]
+			if i := strings.LastIndexByte(pattern, ':'); i > strings.LastIndexByte(pattern, ']') && strings.Count(pattern, "[") == strings.Count(pattern, "]") {
+				if _, set := vars["ansible_port"]; set {
+					return nil, errAt(n, "host %s: port given twice (host:port and ansible_port)", pattern)
+				}
+				pattern, vars["ansible_port"] = pattern[:i], pattern[i+1:]
+			}
+			if err := r.addHost(section, pattern, n, vars); err != nil {
 				return nil, err
 			}
 		}
@@ -537,24 +552,40 @@ func (r *rawInventory) resolve(o InventoryOptions) ([]InventoryHost, error) {
 			parents[c] = append(parents[c], name)
 		}
 	}
-	// ancestors in precedence order: farthest first (all first), each once.
-	var ancestors func(g string, path map[string]bool) ([]string, error)
-	ancestors = func(g string, path map[string]bool) ([]string, error) {
-		if path[g] {
-			return nil, errAt(r.groups[g].line, "group %s is its own ancestor (children cycle)", g)
-		}
-		path[g] = true
-		defer delete(path, g)
-		var out []string
-		for _, p := range parents[g] {
-			a, err := ancestors(p, path)
-			if err != nil {
-				return nil, err
+	// Each group's depth (longest parent chain) and ancestor set, memoized:
+	// enumerating paths would be exponential in diamond-shaped children.
+	// Variables apply in Ansible's order: all, then groups by depth, then
+	// name, then the host's own.
+	const visiting = -1
+	depth := map[string]int{}
+	anc := map[string]map[string]bool{}
+	var visit func(g string) error
+	visit = func(g string) error {
+		if d, ok := depth[g]; ok {
+			if d == visiting {
+				return errAt(r.groups[g].line, "group %s is its own ancestor (children cycle)", g)
 			}
-			out = append(out, a...)
-			out = append(out, p)
+			return nil
 		}
-		return out, nil
+		depth[g] = visiting
+		d, set := 0, map[string]bool{}
+		for _, p := range parents[g] {
+			if err := visit(p); err != nil {
+				return err
+			}
+			d = max(d, depth[p]+1)
+			set[p] = true
+			for a := range anc[p] {
+				set[a] = true
+			}
+		}
+		depth[g], anc[g] = d, set
+		return nil
+	}
+	for _, name := range r.order {
+		if err := visit(name); err != nil {
+			return nil, err
+		}
 	}
 
 	classGroups := map[string]bool{}
@@ -596,34 +627,34 @@ func (r *rawInventory) resolve(o InventoryOptions) ([]InventoryHost, error) {
 			first = min(first, oc.h.line)
 		}
 		// The groups of the host, in precedence order, and its own vars.
-		var groups []string
-		seen := map[string]bool{}
-		add := func(g string) {
-			if !seen[g] {
-				seen[g] = true
-				groups = append(groups, g)
-			}
-		}
-		if _, ok := r.groups["all"]; ok {
-			add("all")
-		}
+		set := map[string]bool{}
 		own := map[string]string{}
 		ownLine := map[string]int{}
 		for _, oc := range occs {
-			as, err := ancestors(oc.group, map[string]bool{})
-			if err != nil {
-				return nil, err
+			set[oc.group] = true
+			for g := range anc[oc.group] {
+				set[g] = true
 			}
-			for _, a := range as {
-				add(a)
-			}
-			add(oc.group)
 			for k, v := range oc.h.vars {
 				if prev, ok := own[k]; ok && prev != v {
 					return nil, errAt(oc.h.line, "host %s: %s is %q here and %q on line %d", name, k, v, prev, ownLine[k])
 				}
 				own[k], ownLine[k] = v, oc.h.line
 			}
+		}
+		delete(set, "all")
+		groups := make([]string, 0, len(set)+1)
+		for g := range set {
+			groups = append(groups, g)
+		}
+		sort.Slice(groups, func(i, j int) bool {
+			if depth[groups[i]] != depth[groups[j]] {
+				return depth[groups[i]] < depth[groups[j]]
+			}
+			return groups[i] < groups[j]
+		})
+		if _, ok := r.groups["all"]; ok {
+			groups = append([]string{"all"}, groups...)
 		}
 		vars := map[string]string{}
 		for _, g := range groups {
@@ -806,7 +837,7 @@ const ImportInventoryUsage = `usage: kpssh import-inventory [flags] FILE
 Turns an Ansible inventory (INI or YAML) into SSHHost manifests on stdout,
 preceded by the key Secret when --key-file is given:
 
-  ansible_host / ansible_port / ansible_user  → spec.address / port / user
+  ansible_host / ansible_port / ansible_user  → spec.address / port / user (INI host:port works too)
   kpssh_capacity_cpu, _memory, _pods, …       → spec.capacity (cpu and memory required)
   kpssh_node_address                          → spec.nodeAddress
   the group listing a host                    → label karpenter.dklesev.github.io/host-class

@@ -197,6 +197,16 @@ func anySlice[T any](xs []T) []any {
 	return out
 }
 
+// diamonds is an inventory whose group g0 has 2^n paths to the top.
+func diamonds(n int) string {
+	var b strings.Builder
+	b.WriteString("[g0]\nh1 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n")
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "[a%d:children]\ng%d\n[b%d:children]\ng%d\n[g%d:children]\na%d\nb%d\n", i, i, i, i, i+1, i, i)
+	}
+	return b.String()
+}
+
 func TestParseInventory(t *testing.T) {
 	cases := []struct {
 		name, format, text string
@@ -217,6 +227,16 @@ func TestParseInventory(t *testing.T) {
 		{name: "yaml null host and group", format: "yaml",
 			text: "all:\n  vars: {kpssh_capacity_cpu: '2', kpssh_capacity_memory: 2Gi}\n  children:\n    empty:\n    g:\n      hosts:\n        h1:\n        h2: {ansible_port: 2022}\n",
 			want: []string{"h1 g h1:22 root", "h2 g h2:2022 root"}},
+		{name: "child group vars override the parent's", text: "[parent:vars]\nansible_port=1\n[parent:children]\nchild\n[child:vars]\nansible_port=2\n[child]\nh1 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n",
+			want: []string{"h1 child h1:2 root"}},
+		// 40 levels of diamonds: 2^40 paths, one ancestor set per group.
+		{name: "diamond-shaped children", text: diamonds(40), opts: InventoryOptions{ClassGroups: []string{"g0"}},
+			want: []string{"h1 g0 h1:22 root"}},
+		{name: "too many hosts", text: "[a]\nn[1:9999]\n[b]\nm[1:9999]\n[c]\no[1:9999]\n[d]\np[1:9999]\n[e]\nq[1:9999]\n[f]\nr[1:9999]\n", err: "line 12: the inventory lists more than 50000 hosts"},
+		{name: "host:port after a range", text: "[g]\nn[1:2]:2200 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n",
+			want: []string{"n1 g n1:2200 root", "n2 g n2:2200 root"}},
+		{name: "host:port and ansible_port", text: "h1:22 ansible_port=23\n", err: "line 1: host h1:22: port given twice"},
+		{name: "host:bad port", text: "h1:x kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n", err: `line 1: host h1: ansible_port "x" is not a port`},
 		{name: "ipv6 address", text: "h1 ansible_host=fd00::1 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n",
 			want: []string{"h1  fd00::1:22 root"}},
 
