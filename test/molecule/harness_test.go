@@ -64,10 +64,10 @@ type moleculeFile struct {
 }
 
 // steps the harness runs; molecule's others (dependency, create, destroy,
-// cleanup, lint) have nothing to do for a delegated, unmanaged platform.
-var knownSteps = map[string]bool{"syntax": true, "prepare": true, "converge": true, "idempotence": true, "side_effect": true, "verify": true}
+// lint) have nothing to do for a delegated, unmanaged platform.
+var knownSteps = map[string]bool{"syntax": true, "prepare": true, "converge": true, "idempotence": true, "side_effect": true, "verify": true, "cleanup": true}
 
-var noopSteps = map[string]bool{"dependency": true, "create": true, "destroy": true, "cleanup": true, "lint": true}
+var noopSteps = map[string]bool{"dependency": true, "create": true, "destroy": true, "lint": true}
 
 // loadScenario reads <dir>/molecule.yml; dir is .../<role>/molecule/<name>.
 func loadScenario(dir string) (*scenario, error) {
@@ -279,7 +279,7 @@ func (r *runner) step(ctx context.Context, sc *scenario, tg target, step string)
 	case "syntax":
 		// One ansible-playbook run checks every playbook of the scenario.
 		var books []string
-		for _, p := range []string{"prepare.yml", "converge.yml", "side_effect.yml", "verify.yml"} {
+		for _, p := range []string{"prepare.yml", "converge.yml", "side_effect.yml", "verify.yml", "cleanup.yml"} {
 			if _, err := os.Stat(filepath.Join(sc.dir, p)); err == nil {
 				books = append(books, p)
 			} else if p == "converge.yml" {
@@ -292,7 +292,7 @@ func (r *runner) step(ctx context.Context, sc *scenario, tg target, step string)
 			return fmt.Errorf("syntax-check of %s failed: %v\n%s", strings.Join(books, ", "), err, tail(out, 40))
 		}
 		return nil
-	case "prepare", "verify":
+	case "prepare", "verify", "cleanup":
 		p := step + ".yml"
 		if _, err := os.Stat(filepath.Join(sc.dir, p)); err != nil {
 			return nil // molecule skips a missing prepare/verify playbook too

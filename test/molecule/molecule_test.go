@@ -47,7 +47,8 @@ func (t *tally) String() string {
 
 // TestMolecule runs every scenario: one host per role, the roles in
 // parallel, each role's scenarios in turn on its host (default first), plus
-// the broken-role fixtures on a host of their own.
+// the broken-role fixtures and a run of tls_bootstrap through the phase
+// engine, each on a host of its own.
 func TestMolecule(t *testing.T) {
 	dirs, err := findScenarios(".")
 	if err != nil {
@@ -83,7 +84,7 @@ func TestMolecule(t *testing.T) {
 	}
 	broken := brokenScenarios(t)
 
-	w := hostenv.Up(t, len(roles)+1)
+	w := hostenv.Up(t, len(roles)+2)
 	inv := w.Inventory()
 	targetFor := func(t *testing.T, i int) target {
 		h := w.Host(i)
@@ -115,9 +116,23 @@ func TestMolecule(t *testing.T) {
 				}
 			})
 		}
+		// The last host: the harness's own test, then the role through the
+		// phase engine itself.
 		t.Run("broken-role", func(t *testing.T) {
 			t.Parallel()
 			checkBroken(t, r, broken, targetFor(t, len(roles)))
+		})
+		t.Run("engine", func(t *testing.T) {
+			t.Parallel()
+			tg := targetFor(t, len(roles)+1)
+			for _, sc := range byRole["tls_bootstrap"] {
+				if sc.name == "default" {
+					if out, err := r.playbook(context.Background(), sc, tg, "prepare.yml"); err != nil {
+						t.Fatal(playbookErr("prepare", out, err))
+					}
+				}
+			}
+			testEngineRuns(t, w.WithT(t), len(roles)+1)
 		})
 	})
 	t.Logf("molecule scenarios: %s", tl.String())
