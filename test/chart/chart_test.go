@@ -347,6 +347,7 @@ func TestBadValuesRefused(t *testing.T) {
 		{"podDisruptionBudget.maxUnavailable=-1", "/podDisruptionBudget/maxUnavailable"},
 		{"affinity.nodeAffinity.x=1", "affinity.nodeAffinity is the chart's own"},
 		{"serviceAccount.create=false", "serviceAccount.name is required"},
+		{"replicas=2,leaderElection.enabled=false", "replicas > 1 needs leaderElection.enabled"},
 		{"poolNamespace=Bad_NS", "/poolNamespace"},
 	}
 	for _, tc := range cases {
