@@ -10,7 +10,7 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo clean-world
+.PHONY: all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo demo-down e2e clean-world
 
 all: build
 
@@ -87,6 +87,7 @@ test: deps k8s-bins rootfs runner-image $(CONTROLLER_GEN)
 	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) CONTROLLER_GEN=$(CONTROLLER_GEN) HELM=$$(hack/helm.sh) \
 	  KPSSH_ENGINE_SOAK_RUNS=$${KPSSH_ENGINE_SOAK_RUNS:-200} \
 	  go test $(GO_TEST_FLAGS) -timeout 40m ./...
+	go test $(GO_TEST_FLAGS) -tags e2e -timeout 25m ./test/e2e/
 
 ## soak: the engine's full 1,000-run soak (zombies, orphans, leftover run dirs)
 soak: deps rootfs
@@ -113,5 +114,13 @@ bench: deps k8s-bins rootfs
 	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) go test -run '^$$' -bench . -benchtime 3x -timeout 30m ./...
 
 ## demo: local control plane + hosts + controller + a workload scaling up and down
-demo:
+demo: deps
 	hack/demo.sh
+
+## demo-down: tear the demo down
+demo-down:
+	hack/demo.sh down
+
+## e2e: the end-to-end scenarios (real control plane, kubelets on nspawn hosts)
+e2e: deps k8s-bins rootfs
+	go test $(GO_TEST_FLAGS) -tags e2e -timeout 25m -v ./test/e2e/

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -42,6 +43,7 @@ func TestE2E(t *testing.T) {
 		{"ZombieGuard", zombieGuard},
 		{"Maintenance", maintenance},
 		{"Drift", drift},
+		// {"CrashResume", crashResume}, (being verified)
 	}
 	failed := ""
 	for _, sc := range scenarios {
@@ -159,7 +161,9 @@ func (w *world) allLeft(what string) {
 	for i := range w.hosts.Hosts() {
 		if u := w.units(i); u != unitsLeft && u != "kubelet=/inactive containerd=/inactive" {
 			diag, _, _ := w.hosts.Run(i, "ls -l /etc/systemd/system/multi-user.target.wants/; journalctl --no-pager -n 60 -u containerd -u kubelet -o short-precise; journalctl --no-pager -n 40 _COMM=systemctl -o short-precise")
-			w.t.Errorf("host %d: units %q, want %q (or never installed)\n%s", i, u, unitsLeft, diag)
+			h := w.sshHost(w.hosts.Hosts()[i].Name)
+			evs, _ := w.kubectl("-n", poolNS, "get", "events", "-o", "custom-columns=OBJ:.involvedObject.name,REASON:.reason,MSG:.message")
+			w.t.Errorf("host %d: units %q, want %q (or never installed); last phase %+v\nevents:\n%s\n%s", i, u, unitsLeft, h.Status.LastPhase, evs, diag)
 		}
 	}
 	w.eventually("no bootstrap-token Secret left", time.Minute, func() (bool, string) {
@@ -253,7 +257,8 @@ func zombieGuard(w *world, st *state) {
 	w.allLeft("zombie guard: node deleted, host Available")
 	evs := w.mustKubectl("-n", poolNS, "get", "events", "--field-selector", "involvedObject.name="+host.Name, "-o", "jsonpath={.items[*].reason}")
 	if !strings.Contains(evs, "ZombieKubelet") || !strings.Contains(evs, "ZombieLeft") {
-		w.t.Errorf("events of %s: %q, want ZombieKubelet and ZombieLeft", host.Name, evs)
+		all, _ := w.kubectl("-n", poolNS, "get", "events", "-o", "custom-columns=OBJ:.involvedObject.name,REASON:.reason,MSG:.message")
+		w.t.Errorf("events of %s: %q, want ZombieKubelet and ZombieLeft\n%s", host.Name, evs, all)
 	}
 }
 
@@ -329,4 +334,62 @@ func drift(w *world, st *state) {
 	w.t.Logf("drifted %s replaced by %s", old.Name, host.Name)
 	w.scale(0)
 	w.allLeft("drift done: everything Available")
+}
+
+// crashResume: SIGKILL the controller (its whole process group, so
+// in-flight ansible-playbook runs die with it) at points of Create and
+// Delete, restart it, and check that it converges: one claim on one host,
+// no leaked bootstrap token, hosts back in the pool after leave.
+func crashResume(w *world, st *state) {
+	type point struct {
+		name  string
+		scale int
+		hit   func(h v1beta1.SSHHost) bool
+	}
+	points := []point{
+		{"after claim", 1, func(h v1beta1.SSHHost) bool { return h.Status.State == v1beta1.HostClaimed }},
+		{"during leave", 0, func(h v1beta1.SSHHost) bool { return h.Status.State == v1beta1.HostLeaving }},
+		{"after token mint", 1, func(h v1beta1.SSHHost) bool {
+			return h.Status.State == v1beta1.HostClaimed && h.Status.BootstrapTokenID != ""
+		}},
+		{"after join", 1, func(h v1beta1.SSHHost) bool { return h.Status.State == v1beta1.HostInUse }},
+		{"at leave start", 0, func(h v1beta1.SSHHost) bool { return h.Status.State == v1beta1.HostLeaving }},
+	}
+	for _, p := range points {
+		w.scale(p.scale)
+		w.crashWhen(p.name, p.hit)
+		if p.scale == 1 {
+			w.joined("")
+			if n := len(w.nodes()); n != 1 {
+				w.t.Errorf("%s: %d Nodes after resume, want 1", p.name, n)
+			}
+			w.eventually(p.name+": no token left", 2*time.Minute, func() (bool, string) {
+				tk := w.tokens()
+				return len(tk) == 0, strings.Join(tk, " ")
+			})
+		} else {
+			w.allLeft(p.name + ": converged after the crash")
+		}
+	}
+	w.scale(0)
+	w.allLeft("crash-resume done")
+}
+
+// crashWhen SIGKILLs the controller as soon as a host satisfies hit, then
+// starts it again.
+func (w *world) crashWhen(name string, hit func(v1beta1.SSHHost) bool) {
+	w.t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for time.Now().Before(deadline) {
+		for _, h := range w.sshHosts() {
+			if hit(h) {
+				w.ctrl.kill(syscall.SIGKILL)
+				w.t.Logf("crash %s: SIGKILLed the controller (%s %s)", name, h.Name, h.Status.State)
+				w.ctrl.start()
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	w.t.Fatalf("crash point %q never reached", name)
 }
