@@ -74,7 +74,7 @@ func New(c client.Client, live client.Reader, namespace string, phases Phases, t
 	p := pool.New(c, live, namespace)
 	return &CloudProvider{
 		Client: c, Live: live, Pool: p, Phases: phases, Tokens: tokens,
-		Cluster: clusterinfo.New(c), Recorder: rec, Clock: clk,
+		Cluster: clusterinfo.New(live), Recorder: rec, Clock: clk,
 		AdoptTimeout: DefaultAdoptTimeout, AdoptPoll: 2 * time.Second,
 	}
 }

@@ -65,11 +65,18 @@ func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*eng
 		return nil, fmt.Errorf("phase engine: %w", err)
 	}
 	kube := op.GetClient()
-	runner := phase.New(eng, hostkey.New(kube), op.EventRecorder)
+	// Secrets and ConfigMaps are read live, never through the cache: a
+	// cached read starts a cluster-wide informer, which needs list/watch on
+	// every Secret in the cluster; the chart grants get in the pool
+	// namespace only (and kube-public/cluster-info).
+	live := op.GetAPIReader()
+	keys := hostkey.New(live)
+	runner := phase.New(eng, keys, op.EventRecorder)
 	tokens := token.New(kube)
-	cp := cloudprovider.New(kube, op.GetAPIReader(), o.PoolNamespace, runner, tokens, op.EventRecorder, op.Clock)
+	cp := cloudprovider.New(kube, live, o.PoolNamespace, runner, tokens, op.EventRecorder, op.Clock)
 
 	hc := host.New(kube, op.EventRecorder, o.PoolNamespace)
+	hc.Keys = keys
 	hc.Leaver = leave.NewEngine(kube, runner)
 	hc.Interval, hc.Timeout, hc.Concurrency = o.ProbeInterval, o.ProbeTimeout, o.ProbeConcurrency
 
