@@ -250,7 +250,7 @@ func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, erro
 	if err != nil {
 		return nil, runtimeErr("placeholder key: %w", err)
 	}
-	req, err := phase.Request(out.Profile, o.Phase, conn, pc, redact)
+	req, err := phase.Request(h, out.Profile, o.Phase, conn, pc, redact)
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}

@@ -322,6 +322,18 @@ func TestRender(t *testing.T) {
 			notOut: []string{"kubernetes.io/arch"},
 		},
 		{
+			// render shows what runs: a Verified host runs only signed
+			// scripts, so an unsigned profile is refused as by the controller
+			name: "Verified host, unsigned profile: refused like the controller refuses it",
+			objs: world(testHost("h2", func(h *v1beta1.SSHHost) {
+				h.Spec.ExecMode = v1beta1.ExecModeVerified
+				h.Spec.TrustedSigners = []v1beta1.TrustedSigner{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDXJ6bbHRNl6kSGYuU1aVvDSDXYqLk0rFfbvwgR3UuE8"}
+			})),
+			args:   []string{"h2", "join"},
+			code:   ExitUsage,
+			stderr: []string{"execMode Verified: ", "signatures.join"},
+		},
+		{
 			name:   "ambiguous: two classes select the host",
 			objs:   world(testClass("also")),
 			args:   []string{"h1", "join"},

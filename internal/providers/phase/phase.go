@@ -69,11 +69,25 @@ func Connection(h *v1beta1.SSHHost, creds hostkey.Credentials, keyLine string) e
 	}
 }
 
-// Request builds the engine request for phase ph of profile p.
-func Request(p *v1beta1.SSHJoinProfile, ph engine.Phase, conn engine.Connection, c engine.Context, redact []string) (engine.Request, error) {
-	src, ok := profile.Source(p, ph)
-	if !ok {
-		return engine.Request{}, fmt.Errorf("join profile %q has no %s phase", p.Name, ph)
+// Request builds the engine request for phase ph of profile p on host h. A
+// Verified host gets the signed script for the shim, its signature checked
+// here in Go, so that a missing or untrusted one is an error before anything
+// connects.
+func Request(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, conn engine.Connection, c engine.Context, redact []string) (engine.Request, error) {
+	var src engine.Source
+	if h.Spec.ExecMode == v1beta1.ExecModeVerified {
+		var err error
+		if src, err = profile.VerifiedSource(p, ph, h); err == nil {
+			err = engine.VerifySignature(ph, src)
+		}
+		if err != nil {
+			return engine.Request{}, fmt.Errorf("execMode Verified: %w", err)
+		}
+	} else {
+		var ok bool
+		if src, ok = profile.Source(p, ph); !ok {
+			return engine.Request{}, fmt.Errorf("join profile %q has no %s phase", p.Name, ph)
+		}
 	}
 	return engine.Request{Phase: ph, Conn: conn, Source: src, Context: c, Timeout: profile.Timeout(p, ph), Redact: redact}, nil
 }
@@ -106,33 +120,17 @@ func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 		// Never trust on first use inside a phase: the probe pins first.
 		return configResult(fmt.Errorf("host %s has no pinned host key yet (not probed)", h.Name))
 	}
-	var verified *engine.Source
-	if h.Spec.ExecMode == v1beta1.ExecModeVerified {
-		// Checked in Go before anything connects (the host-key fetch below
-		// dials): a missing or untrusted signature is a config error.
-		src, err := profile.VerifiedSource(p, ph, h)
-		if err == nil {
-			err = engine.VerifySignature(ph, src)
-		}
-		if err != nil {
-			return configResult(fmt.Errorf("execMode Verified: %w", err))
-		}
-		verified = &src
+	// Built before the host-key fetch, which dials.
+	req, err := Request(h, p, ph, Connection(h, creds, ""), c, redact)
+	if err != nil {
+		return configResult(err)
 	}
-	conn := Connection(h, creds, "")
-	line, err := r.HostKey(ctx, conn, creds.PinnedFingerprint)
+	line, err := r.HostKey(ctx, req.Conn, creds.PinnedFingerprint)
 	if err != nil {
 		// Not reached: the dial or the host-key check failed. A host problem.
 		return engine.Result{Outcome: engine.Failed, ExitCode: -1, Message: engine.NewRedactor(redact...).Redact("connect: " + err.Error())}
 	}
-	conn.HostKey = line
-	req, err := Request(p, ph, conn, c, redact)
-	if err != nil {
-		return configResult(err)
-	}
-	if verified != nil {
-		req.Source = *verified
-	}
+	req.Conn.HostKey = line
 	return r.Engine.Run(ctx, req)
 }
 
