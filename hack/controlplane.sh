@@ -254,8 +254,7 @@ cmd_up() {
 		    users: []
 	EOF
 	rbac=$REPO/examples/bootstrap-rbac.yaml
-	# (test/e2e's copy of the seed's bindings until the example lands)
-	[[ -f $rbac ]] || rbac=$REPO/test/e2e/testdata/bootstrap-rbac.yaml
+	[[ -f $rbac ]] || die "$rbac is missing"
 	kc apply -f "$rbac" >/dev/null
 	local kdir
 	kdir=$(cd "$REPO" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter) || die "cannot locate the karpenter module (go list -m)"

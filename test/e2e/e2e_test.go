@@ -43,7 +43,7 @@ func TestE2E(t *testing.T) {
 		{"ZombieGuard", zombieGuard},
 		{"Maintenance", maintenance},
 		{"Drift", drift},
-		// {"CrashResume", crashResume}, (being verified)
+		{"CrashResume", crashResume},
 	}
 	failed := ""
 	for _, sc := range scenarios {
@@ -180,7 +180,7 @@ func scaleUp(w *world, st *state) {
 	if u := w.units(i); u != unitsJoined {
 		w.t.Errorf("units on %s: %q, want %q", host.Name, u, unitsJoined)
 	}
-	if host.Status.InstalledProfile != "tls-bootstrap-script@1" {
+	if host.Status.InstalledProfile != w.profile+"@1" {
 		w.t.Errorf("installedProfile %q", host.Status.InstalledProfile)
 	}
 	// The kubelet's client certificate came from the CSR the bootstrap token signed.
@@ -201,7 +201,7 @@ func consolidation(w *world, st *state) {
 	w.scale(0)
 	w.allLeft("consolidation: claim, node gone; hosts Available")
 	h := w.sshHost(st.host)
-	if h.Status.InstalledProfile != "tls-bootstrap-script@1" {
+	if h.Status.InstalledProfile != w.profile+"@1" {
 		w.t.Errorf("warm pool: installedProfile %q after leave, want it kept", h.Status.InstalledProfile)
 	}
 	if h.Status.LastPhase == nil || h.Status.LastPhase.Phase != v1beta1.PhaseLeave || h.Status.LastPhase.Result != v1beta1.PhaseSucceeded {
@@ -305,7 +305,7 @@ func drift(w *world, st *state) {
 	ctx := context.Background()
 	w.scale(1)
 	old, oldClaim := w.joined("")
-	w.mustKubectl("patch", "sshjoinprofile", "tls-bootstrap-script", "--type=merge", "-p", `{"spec":{"version":"2"}}`)
+	w.mustKubectl("patch", "sshjoinprofile", w.profile, "--type=merge", "-p", `{"spec":{"version":"2"}}`)
 	w.eventually("old claim Drifted", 3*time.Minute, func() (bool, string) {
 		c := &karpv1.NodeClaim{}
 		if err := w.kube.Get(ctx, client.ObjectKeyFromObject(oldClaim), c); err != nil {
@@ -323,8 +323,8 @@ func drift(w *world, st *state) {
 		return client.IgnoreNotFound(err) == nil, err.Error()
 	})
 	host, _ := w.joined("")
-	if host.Status.InstalledProfile != "tls-bootstrap-script@2" {
-		w.t.Errorf("replacement %s: installedProfile %q, want tls-bootstrap-script@2 (install ran again)", host.Name, host.Status.InstalledProfile)
+	if host.Status.InstalledProfile != w.profile+"@2" {
+		w.t.Errorf("replacement %s: installedProfile %q, want %s@2 (install ran again)", host.Name, host.Status.InstalledProfile, w.profile)
 	}
 	if host.Name != old.Name {
 		if u := w.units(w.hostIndex(old.Name)); u != unitsLeft {
@@ -346,14 +346,25 @@ func crashResume(w *world, st *state) {
 		scale int
 		hit   func(h v1beta1.SSHHost) bool
 	}
+	// Delete keeps the host InUse while leave runs: "during leave" is a
+	// deleting claim whose host's kubelet leave has already stopped.
+	duringLeave := func(h v1beta1.SSHHost) bool {
+		if h.Status.State != v1beta1.HostInUse || h.Status.ClaimRef == nil {
+			return false
+		}
+		c := &karpv1.NodeClaim{}
+		if err := w.kube.Get(context.Background(), client.ObjectKey{Name: h.Status.ClaimRef.Name}, c); err != nil || c.DeletionTimestamp == nil {
+			return false
+		}
+		return strings.HasPrefix(w.units(w.hostIndex(h.Name)), "kubelet=disabled/inactive")
+	}
 	points := []point{
 		{"after claim", 1, func(h v1beta1.SSHHost) bool { return h.Status.State == v1beta1.HostClaimed }},
-		{"during leave", 0, func(h v1beta1.SSHHost) bool { return h.Status.State == v1beta1.HostLeaving }},
+		{"during leave", 0, duringLeave},
 		{"after token mint", 1, func(h v1beta1.SSHHost) bool {
 			return h.Status.State == v1beta1.HostClaimed && h.Status.BootstrapTokenID != ""
 		}},
-		{"after join", 1, func(h v1beta1.SSHHost) bool { return h.Status.State == v1beta1.HostInUse }},
-		{"at leave start", 0, func(h v1beta1.SSHHost) bool { return h.Status.State == v1beta1.HostLeaving }},
+		{"during leave (2)", 0, duringLeave},
 	}
 	for _, p := range points {
 		w.scale(p.scale)

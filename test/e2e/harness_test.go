@@ -38,6 +38,7 @@ type world struct {
 	kube       client.Client
 	ctrl       *controller
 	logDir     string
+	profile    string // the SSHJoinProfile the node class uses
 }
 
 // script runs a hack/ script, bounded, returning stdout; stderr goes into
@@ -132,10 +133,19 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 
+	// The seed's script profile by default; KPSSH_E2E_PROFILE=role runs the
+	// role-based twin (roles/tls_bootstrap) with the same vars.
+	w.profile = "tls-bootstrap-script"
 	w.apply(filepath.Join(repo, "examples/scripts/profile-tls-bootstrap.yaml"))
 	for _, f := range []string{"cni.yaml", "nodeclass.yaml", "nodepool.yaml", "workload.yaml"} {
 		w.apply(filepath.Join(repo, "test/e2e/testdata", f))
 	}
+	if os.Getenv("KPSSH_E2E_PROFILE") == "role" {
+		w.profile = "tls-bootstrap"
+		w.apply(filepath.Join(repo, "examples/profile-tls-bootstrap.yaml"))
+		w.mustKubectl("patch", "sshnodeclass", "pool", "--type=merge", "-p", `{"spec":{"joinProfileRef":{"name":"tls-bootstrap"}}}`)
+	}
+	t.Logf("profile: %s", w.profile)
 	w.createHosts()
 
 	w.ctrl = &controller{t: t, bin: bin, dir: repo, logDir: w.logDir, env: []string{
