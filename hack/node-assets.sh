@@ -47,7 +47,13 @@ versions() {
 		echo "$p=$v"
 	done
 }
-VERSIONS=$(versions)
+# A fresh machine may have no package lists yet.
+if ! VERSIONS=$(versions 2>/dev/null); then
+	need_root
+	log "apt has no candidates for ${PKGS[*]}: running apt-get update"
+	apt-get update -qq >&2 || die "apt-get update failed"
+	VERSIONS=$(versions)
+fi
 KEY=$({
 	sha256sum <"${BASH_SOURCE[0]}"
 	echo "$VERSIONS"
@@ -166,10 +172,13 @@ echo "$VERSIONS" >"$TMP/mirror/VERSIONS"
 touch "$TMP/mirror/.complete"
 rm -rf "$OUT"
 mv "$TMP/mirror" "$OUT"
-# Older keys are dead weight (each ~150 MB).
+# Older keys are dead weight (each ~150 MB), unless a world's hosts still
+# mount them (hosts.sh records the mirror in /run/kpssh-world/<world>/mirror).
 for d in "$CACHE"/*/; do
 	d=${d%/}
-	[[ $d == "$OUT" ]] || rm -rf --one-file-system "$d"
+	[[ $d != "$OUT" ]] || continue
+	if cat /run/kpssh-world/*/mirror 2>/dev/null | grep -qxF "$d"; then continue; fi
+	rm -rf --one-file-system "$d"
 done
 log "node assets ready in $OUT"
 echo "$OUT"
