@@ -185,6 +185,19 @@ ssh_args = -o ControlMaster=auto -o ControlPersist=60s
 	return &runner{dir: dir}, nil
 }
 
+// close stops the ssh ControlPersist masters the runs left (they detach
+// from ansible-playbook's process group and would linger for a minute).
+func (r *runner) close() {
+	socks, _ := filepath.Glob(filepath.Join(r.dir, "cp", "*"))
+	for _, s := range socks {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		c := exec.CommandContext(ctx, "ssh", "-F", "/dev/null", "-o", "ControlPath="+s, "-O", "exit", "kpssh-molecule")
+		c.WaitDelay = 5 * time.Second
+		_ = c.Run()
+		cancel()
+	}
+}
+
 // playbook runs one playbook of sc against tg and returns its output.
 func (r *runner) playbook(ctx context.Context, sc *scenario, tg target, playbook string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, playbookTimeout)

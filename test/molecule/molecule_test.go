@@ -96,6 +96,7 @@ func TestMolecule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(r.close) // before the TempDir goes (cleanups run last-in first-out)
 	var tl tally
 	t.Run("scenarios", func(t *testing.T) {
 		for i, role := range roles {
