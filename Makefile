@@ -10,7 +10,7 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo demo-down e2e clean-world
+.PHONY: node-assets test-prereqs all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo demo-down e2e clean-world
 
 all: build
 
@@ -82,12 +82,21 @@ else
 	  --build-arg RUNNER=$(IMAGE_REPO)/kpssh-runner:$(IMAGE_TAG) -t $(IMAGE_REPO)/kpssh-controller:$(IMAGE_TAG) .
 endif
 
-## test: everything CI runs
-test: deps k8s-bins rootfs runner-image $(CONTROLLER_GEN)
+## node-assets: the node binaries mirror the e2e hosts install from (cached)
+node-assets:
+	@hack/node-assets.sh >/dev/null
+
+## test-prereqs: every cached build the tests use, built side by side (the
+## k8s build is CPU-bound, the debootstraps wait on the network)
+test-prereqs: deps
+	$(MAKE) --no-print-directory -j6 k8s-bins rootfs runner-image node-assets helm $(CONTROLLER_GEN) >/dev/null
+
+## test: everything CI runs (the e2e scenarios, build tag e2e, run beside the
+## other packages)
+test: test-prereqs
 	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) CONTROLLER_GEN=$(CONTROLLER_GEN) HELM=$$(hack/helm.sh) \
 	  KPSSH_ENGINE_SOAK_RUNS=$${KPSSH_ENGINE_SOAK_RUNS:-200} \
-	  go test $(GO_TEST_FLAGS) -timeout 40m ./...
-	go test $(GO_TEST_FLAGS) -tags e2e -timeout 25m ./test/e2e/
+	  go test $(GO_TEST_FLAGS) -tags e2e -timeout 45m ./...
 
 ## soak: the engine's full 1,000-run soak (zombies, orphans, leftover run dirs)
 soak: deps rootfs
