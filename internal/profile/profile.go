@@ -60,32 +60,32 @@ func Source(p *v1beta1.SSHJoinProfile, phase engine.Phase) (engine.Source, bool)
 	return engine.Source{}, false
 }
 
-func pickScript(s *v1beta1.ProfileScripts, phase engine.Phase) v1beta1.Script {
+// byPhase picks phase's field of a per-phase struct (the zero value for an
+// unknown phase).
+func byPhase[T any](phase engine.Phase, install, join, leave, uninstall T) (zero T) {
 	switch phase {
 	case engine.PhaseInstall:
-		return s.Install
+		return install
 	case engine.PhaseJoin:
-		return s.Join
+		return join
 	case engine.PhaseLeave:
-		return s.Leave
+		return leave
 	case engine.PhaseUninstall:
-		return s.Uninstall
+		return uninstall
 	}
-	return ""
+	return zero
+}
+
+func pickScript(s *v1beta1.ProfileScripts, phase engine.Phase) v1beta1.Script {
+	return byPhase(phase, s.Install, s.Join, s.Leave, s.Uninstall)
 }
 
 func pickTasks(t *v1beta1.ProfileTasks, phase engine.Phase) v1beta1.TaskList {
-	switch phase {
-	case engine.PhaseInstall:
-		return t.Install
-	case engine.PhaseJoin:
-		return t.Join
-	case engine.PhaseLeave:
-		return t.Leave
-	case engine.PhaseUninstall:
-		return t.Uninstall
-	}
-	return ""
+	return byPhase(phase, t.Install, t.Join, t.Leave, t.Uninstall)
+}
+
+func pickSignature(s *v1beta1.ProfileSignatures, phase engine.Phase) v1beta1.Signature {
+	return byPhase(phase, s.Install, s.Join, s.Leave, s.Uninstall)
 }
 
 // durationRE is the CRD's pattern; ParseDuration alone would also take
@@ -181,20 +181,6 @@ func VerifiedSource(p *v1beta1.SSHJoinProfile, ph engine.Phase, h *v1beta1.SSHHo
 	return engine.Source{Script: body, Verified: &engine.Verified{
 		Signature: string(sig), Profile: p.Name + "@" + version, TrustedSigners: trusted, ShimCommand: h.Spec.ShimCommand,
 	}}, nil
-}
-
-func pickSignature(s *v1beta1.ProfileSignatures, phase engine.Phase) v1beta1.Signature {
-	switch phase {
-	case engine.PhaseInstall:
-		return s.Install
-	case engine.PhaseJoin:
-		return s.Join
-	case engine.PhaseLeave:
-		return s.Leave
-	case engine.PhaseUninstall:
-		return s.Uninstall
-	}
-	return ""
 }
 
 // VerifiedWarnings lists the signed scripts of p that lack `set -euo
