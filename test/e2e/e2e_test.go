@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -44,6 +45,7 @@ func TestE2E(t *testing.T) {
 		{"Maintenance", maintenance},
 		{"Drift", drift},
 		{"CrashResume", crashResume},
+		{"RoleProfile", roleProfile},
 	}
 	failed := ""
 	for _, sc := range scenarios {
@@ -403,4 +405,37 @@ func (w *world) crashWhen(name string, hit func(v1beta1.SSHHost) bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	w.t.Fatalf("crash point %q never reached", name)
+}
+
+// roleProfile: the node class switches to the shipped role-based profile
+// (roles/tls_bootstrap, examples/profile-tls-bootstrap.yaml, same vars): its
+// install and join run through the role, and the real kubelet registers with
+// the providerID and the unregistered taint the role passed it; its leave
+// disables the units.
+func roleProfile(w *world, st *state) {
+	w.apply(filepath.Join(w.ctrl.dir, "examples/profile-tls-bootstrap.yaml"))
+	w.mustKubectl("patch", "sshnodeclass", "pool", "--type=merge", "-p", `{"spec":{"joinProfileRef":{"name":"tls-bootstrap"}}}`)
+	w.scale(1)
+	host, _ := w.joined("")
+	if host.Status.InstalledProfile != "tls-bootstrap@1" {
+		w.t.Errorf("installedProfile %q, want tls-bootstrap@1 (install through the role)", host.Status.InstalledProfile)
+	}
+	i := w.hostIndex(host.Name)
+	if u := w.units(i); u != unitsJoined {
+		w.t.Errorf("units on %s: %q, want %q", host.Name, u, unitsJoined)
+	}
+	out, _, err := w.hosts.Run(i, `tr '\0' ' ' </proc/$(pidof kubelet)/cmdline`)
+	if err != nil {
+		w.t.Fatalf("kubelet command line on %s: %v", host.Name, err)
+	}
+	for _, want := range []string{"--provider-id=kpssh://" + poolNS + "/" + host.Name, "--register-with-taints=karpenter.sh/unregistered:NoExecute", "--hostname-override=" + host.Name} {
+		if !strings.Contains(out, want) {
+			w.t.Errorf("kubelet on %s runs without %s: %s", host.Name, want, out)
+		}
+	}
+	w.scale(0)
+	w.allLeft("role profile: claim, node gone; hosts Available")
+	if h := w.sshHost(host.Name); h.Status.LastPhase == nil || h.Status.LastPhase.Phase != v1beta1.PhaseLeave || h.Status.LastPhase.Result != v1beta1.PhaseSucceeded {
+		w.t.Errorf("last phase %+v, want the role's leave succeeded", h.Status.LastPhase)
+	}
 }
