@@ -13,7 +13,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -289,7 +291,7 @@ func (r *Renderer) joinContext(ctx context.Context, o RenderOptions, h *v1beta1.
 		return engine.Context{}, nil, runtimeErr("%v", err)
 	}
 	if len(secrets) > 0 {
-		out.Inputs = append(out.Inputs, fmt.Sprintf("%d secret(s) from Secret %s/%s: %s (values masked)", len(secrets), o.Namespace, nc.Spec.JoinSecretRef.Name, strings.Join(sortedKeys(secrets), ", ")))
+		out.Inputs = append(out.Inputs, fmt.Sprintf("%d secret(s) from Secret %s/%s: %s (values masked)", len(secrets), o.Namespace, nc.Spec.JoinSecretRef.Name, strings.Join(slices.Sorted(maps.Keys(secrets)), ", ")))
 	}
 	cl := r.Cluster
 	if cl == nil {
@@ -470,18 +472,9 @@ func placeholderConnection(h *v1beta1.SSHHost) (engine.Connection, error) {
 	}, nil
 }
 
-func sortedKeys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
 func secretValues(m map[string]string) []string {
 	out := make([]string, 0, len(m))
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		out = append(out, m[k])
 	}
 	return out

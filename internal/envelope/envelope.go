@@ -19,8 +19,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 )
@@ -72,7 +73,7 @@ type Envelope struct {
 // CheckParams validates names and values (no newline, no NUL: the shim
 // splits params by line and exports each).
 func CheckParams(p map[string]string) error {
-	for _, k := range sortedKeys(p) {
+	for _, k := range slices.Sorted(maps.Keys(p)) {
 		if !ValidParamName(k) {
 			return fmt.Errorf("param name %q is not KPSSH_[A-Za-z0-9_]+", trunc(k, 64))
 		}
@@ -85,7 +86,7 @@ func CheckParams(p map[string]string) error {
 
 func encodeParams(p map[string]string) []byte {
 	var b bytes.Buffer
-	for _, k := range sortedKeys(p) {
+	for _, k := range slices.Sorted(maps.Keys(p)) {
 		b.WriteString(k + "=" + p[k] + "\n")
 	}
 	return b.Bytes()
@@ -377,15 +378,6 @@ func ParseSignedField(s string) (SignedField, error) {
 // FormatSignedField is the inverse of ParseSignedField.
 func FormatSignedField(f SignedField) string {
 	return string(f.Manifest) + string(f.Signature)
-}
-
-func sortedKeys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func trunc(s string, n int) string {
