@@ -49,6 +49,9 @@ func TestE2E(t *testing.T) {
 	}
 	failed := ""
 	for _, sc := range scenarios {
+		if !selected(sc.name) {
+			continue
+		}
 		t.Run(sc.name, func(t *testing.T) {
 			if failed != "" {
 				t.Fatalf("not run: scenario %s failed and the scenarios share state", failed)

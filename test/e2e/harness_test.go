@@ -187,6 +187,22 @@ func (w *world) mustKubectl(args ...string) string {
 
 func (w *world) apply(file string) { w.t.Helper(); w.mustKubectl("apply", "-f", file) }
 
+// selected reports whether scenario name runs: KPSSH_E2E_ONLY=A,B runs only
+// those, in TestE2E's order (each starts from all hosts Available, nothing
+// joined; ones that read state an earlier one left need it selected too).
+func selected(name string) bool {
+	only := os.Getenv("KPSSH_E2E_ONLY")
+	if only == "" {
+		return true
+	}
+	for _, n := range strings.Split(only, ",") {
+		if strings.TrimSpace(n) == name {
+			return true
+		}
+	}
+	return false
+}
+
 // createHosts registers the world's hosts (and their SSH key) as the pool.
 func (w *world) createHosts() {
 	w.t.Helper()
