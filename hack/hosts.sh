@@ -10,6 +10,8 @@
 #   hosts.sh reboot I    stop + start host I, keeping its disk (overlay upper dir)
 #   hosts.sh wipe I      stop host I, give it a fresh disk, new host key + machine-id, start
 #   hosts.sh cut I       take host I's link down        hosts.sh heal I   bring it back
+#   hosts.sh stop I      power host I off (SIGKILL of its PID 1, like a power cut; disk kept)
+#   hosts.sh start I     boot a stopped host I again on the same disk
 #   hosts.sh inventory   print the world as JSON        hosts.sh status   human summary
 #   hosts.sh gc          down every world whose owner process (KPSSH_OWNER_PID) is gone
 #
@@ -747,6 +749,22 @@ cmd_wipe() {
 	wait_host "$1"
 }
 
+cmd_stop() {
+	preflight
+	need_host "$@"
+	lock_world
+	stop_hosts "$1"
+}
+
+cmd_start() {
+	preflight
+	need_host "$@"
+	lock_world
+	[[ -z $(nspawn_pid "$1") ]] || die "h$1 is already running (hosts.sh reboot $1 restarts it)"
+	start_host "$1"
+	wait_host "$1"
+}
+
 cmd_cut() {
 	need_root
 	need_host "$@"
@@ -833,6 +851,8 @@ up) cmd_up "$@" ;;
 down) cmd_down ;;
 reboot) cmd_reboot "$@" ;;
 wipe) cmd_wipe "$@" ;;
+stop) cmd_stop "$@" ;;
+start) cmd_start "$@" ;;
 cut) cmd_cut "$@" ;;
 heal) cmd_heal "$@" ;;
 inventory) cmd_inventory ;;

@@ -6,6 +6,7 @@
 //	w := hostenv.Up(t, 3)                 // torn down by t.Cleanup
 //	out, _, err := w.Run(0, "hostname")   // "h1"
 //	w.Reboot(0); w.Wipe(1); w.Cut(2); w.Heal(2)
+//	w.Stop(1); w.Start(1)                 // power cut, power back
 //
 // Host indices are positions in Hosts() (0-based): index 0 is host "h1".
 // It needs root, systemd-nspawn (systemd-container), debootstrap, iproute2
@@ -307,6 +308,62 @@ func (w *World) Reboot(i int) { w.t.Helper(); w.mustHosts("reboot", w.index(i)) 
 // Wipe stops host i and boots it on a fresh disk with a new host key and
 // machine-id; returns when it answers SSH.
 func (w *World) Wipe(i int) { w.t.Helper(); w.mustHosts("wipe", w.index(i)) }
+
+// Stop powers host i off the way a power cut does: SIGKILL of its PID 1,
+// nothing shut down cleanly; its disk is kept and its address stops
+// answering. Start boots it again.
+func (w *World) Stop(i int) { w.t.Helper(); w.mustHosts("stop", w.index(i)) }
+
+// Start boots a stopped host i on the same disk; returns when it answers SSH.
+func (w *World) Start(i int) { w.t.Helper(); w.mustHosts("start", w.index(i)) }
+
+// Procs returns the command lines (arguments joined by spaces) of the
+// processes running in host i, read from this machine's /proc through the
+// host's cgroup: no SSH, so it is cheap enough to poll and works while the
+// host's sshd is busy.
+func (w *World) Procs(i int) []string {
+	w.t.Helper()
+	return procsInCgroup(w.Host(i).Cgroup)
+}
+
+func procsInCgroup(cg string) []string {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		pid := e.Name()
+		if pid[0] < '0' || pid[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + pid + "/cgroup")
+		if err != nil || !inCgroup(string(b), cg) {
+			continue // gone, or not the host's
+		}
+		cmd, err := os.ReadFile("/proc/" + pid + "/cmdline")
+		if err != nil || len(cmd) == 0 {
+			continue // gone, or a kernel thread
+		}
+		out = append(out, strings.TrimSpace(strings.ReplaceAll(string(cmd), "\x00", " ")))
+	}
+	return out
+}
+
+// inCgroup reports whether a /proc/PID/cgroup text places the process in cg
+// or below it on the name=systemd (v1) or unified (v2) hierarchy.
+func inCgroup(procCgroup, cg string) bool {
+	for _, l := range strings.Split(procCgroup, "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) != 3 || (parts[1] != "name=systemd" && parts[0] != "0") {
+			continue
+		}
+		if parts[2] == cg || strings.HasPrefix(parts[2], cg+"/") {
+			return true
+		}
+	}
+	return false
+}
 
 // Cut takes host i's link down (it keeps running, unreachable).
 func (w *World) Cut(i int) { w.t.Helper(); w.mustHosts("cut", w.index(i)) }

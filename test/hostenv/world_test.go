@@ -345,16 +345,7 @@ systemctl start `+startedUnit)
 		if got := w.MustRun(0, "cat "+marker); got != "hello" {
 			t.Errorf("marker after reboot: %q", got)
 		}
-		// enabled unit comes back (maybe still starting), started-only does not.
-		waitFor(t, 20*time.Second, func() error {
-			if s := unitState(t, w, 0, enabledUnit); s != "active" {
-				return fmt.Errorf("%s is %q after reboot, want active", enabledUnit, s)
-			}
-			return nil
-		})
-		if s := unitState(t, w, 0, startedUnit); s != "inactive" {
-			t.Errorf("%s is %q after reboot, want inactive", startedUnit, s)
-		}
+		unitsAfterBoot(t, w, 0, enabledUnit, startedUnit, "reboot")
 		checkCgroup(t, w.Host(0))
 	})
 
@@ -407,6 +398,44 @@ systemctl start `+startedUnit)
 			_, _, err := w.RunSSH(context.Background(), 1, []string{"-o", "ConnectTimeout=3"}, "true")
 			return err
 		})
+	})
+
+	t.Run("power off and on", func(t *testing.T) {
+		w := w.WithT(t)
+		// h3 gets its own pair of units (h1's went with the wipe).
+		w.MustRun(2, `set -e
+for u in `+enabledUnit+` `+startedUnit+`; do
+printf '[Service]\nExecStart=/bin/sleep infinity\n[Install]\nWantedBy=multi-user.target\n' >/etc/systemd/system/$u
+done
+systemctl daemon-reload
+systemctl enable --now `+enabledUnit+`
+systemctl start `+startedUnit)
+		if n := countSub(w.Procs(2), "sleep infinity"); n != 2 {
+			t.Errorf("Procs(h3) lists %d sleep processes, want 2: %q", n, w.Procs(2))
+		}
+		if n := countSub(w.Procs(1), "sleep infinity"); n != 0 {
+			t.Errorf("Procs(h2) lists h3's processes: %q", w.Procs(1))
+		}
+		oldBoot := w.MustRun(2, "cat /proc/sys/kernel/random/boot_id")
+		w.Stop(2)
+		if h := w.Host(2); h.PID != 0 {
+			t.Errorf("inventory PID of stopped h3: %d, want 0", h.PID)
+		}
+		if procs := w.Procs(2); len(procs) != 0 {
+			t.Errorf("processes left in stopped h3: %q", procs)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if _, _, err := w.RunSSH(ctx, 2, []string{"-o", "ConnectTimeout=3"}, "true"); err == nil {
+			t.Errorf("ssh to stopped h3 succeeded")
+		}
+		w.MustRun(1, "true") // others unaffected
+		w.Start(2)
+		if got := w.MustRun(2, "cat /proc/sys/kernel/random/boot_id"); got == oldBoot {
+			t.Errorf("boot id unchanged: h3 was not powered off")
+		}
+		unitsAfterBoot(t, w, 2, enabledUnit, startedUnit, "power on")
+		checkCgroup(t, w.Host(2))
 	})
 
 	t.Run("up is idempotent and adds hosts", func(t *testing.T) {
@@ -669,6 +698,31 @@ func unitState(t *testing.T, w *hostenv.World, i int, unit string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(out)
+}
+
+// unitsAfterBoot: after a boot of host i the enabled unit comes back (maybe
+// still starting), the started-only one does not.
+func unitsAfterBoot(t *testing.T, w *hostenv.World, i int, enabled, started, what string) {
+	t.Helper()
+	waitFor(t, 20*time.Second, func() error {
+		if s := unitState(t, w, i, enabled); s != "active" {
+			return fmt.Errorf("%s is %q after %s, want active", enabled, s, what)
+		}
+		return nil
+	})
+	if s := unitState(t, w, i, started); s != "inactive" {
+		t.Errorf("%s is %q after %s, want inactive", started, s, what)
+	}
+}
+
+func countSub(list []string, sub string) int {
+	n := 0
+	for _, s := range list {
+		if strings.Contains(s, sub) {
+			n++
+		}
+	}
+	return n
 }
 
 func waitFor(t *testing.T, d time.Duration, f func() error) {

@@ -477,6 +477,29 @@ func TestZombieOursLeavesThenDeletesNode(t *testing.T) {
 	}
 }
 
+// A host powered back on: its kubelet is probed active before it has
+// registered, and registers while leave runs. The Node is looked up again
+// once the kubelet is stopped, so it does not outlive the leave.
+func TestZombieNodeRegisteredDuringLeaveIsDeleted(t *testing.T) {
+	w := newWorld(t, nil, newHost("h1", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "tls-bootstrap@1" }))
+	w.prober.results = []probe.Result{facts(true), facts(false)}
+	w.leaver.onRun = func() {
+		if err := w.c.Create(context.Background(), node("late", "10.0.0.11")); err != nil {
+			t.Error(err)
+		}
+	}
+	w.reconcile(t, "h1")
+	if h := w.host(t, "h1"); h.Status.State != v1beta1.HostAvailable || w.leaver.calls != 1 {
+		t.Fatalf("state %s leave calls %d", h.Status.State, w.leaver.calls)
+	}
+	if err := w.c.Get(context.Background(), client.ObjectKey{Name: "late"}, &corev1.Node{}); err == nil {
+		t.Fatal("the Node registered during leave outlived it")
+	}
+	if got := strings.Join(w.rec.reasons(), ","); got != "ZombieKubelet,ZombieLeft" {
+		t.Fatalf("events %s", got)
+	}
+}
+
 func TestZombieLeaveFailureKeepsNodeAndRetries(t *testing.T) {
 	for _, tc := range []struct {
 		name    string

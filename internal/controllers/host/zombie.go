@@ -60,9 +60,12 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 			leaveErr = fmt.Errorf("leave exited 0 but kubelet is still active")
 		}
 	}
-	if leaveErr == nil && node != nil {
-		if err := c.Client.Delete(ctx, node); err != nil && !apierrors.IsNotFound(err) {
-			leaveErr = fmt.Errorf("delete node %s: %w", node.Name, err)
+	if leaveErr == nil {
+		// Look the Node up again now that the kubelet is stopped: one that
+		// came back with its host (power restored) may have registered while
+		// leave ran, after the lookup above.
+		if err := c.deleteMatchingNode(ctx, h); err != nil {
+			leaveErr = fmt.Errorf("delete node: %w", err)
 		}
 	}
 	if leaveErr != nil {
