@@ -8,7 +8,9 @@ pkgs=(debootstrap systemd-container iproute2 openssh-client ansible-core kmod ip
   ansible-lint
   # The runner image (hack/runner-image.sh): built with buildah, run with
   # podman; runc because crun refuses this machine's hybrid cgroup layout.
-  buildah podman runc)
+  buildah podman runc
+  # test/e2e runs its own prometheus process (own config, temp TSDB, loopback port)
+  prometheus)
 
 missing=()
 for p in "${pkgs[@]}"; do

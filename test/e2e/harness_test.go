@@ -30,7 +30,7 @@ const poolNS = "kpssh-system"
 
 // world is one control plane + hosts + controller shared by the scenarios.
 type world struct {
-	t          *testing.T
+	t          testing.TB
 	repo       string
 	hosts      *hostenv.World
 	plane      string // hack/controlplane.sh plane name
@@ -38,7 +38,8 @@ type world struct {
 	kube       client.Client
 	ctrl       *controller
 	logDir     string
-	profile    string // the SSHJoinProfile the node class uses
+	profile    string      // the SSHJoinProfile the node class uses
+	prom       *promServer // scrapes the controller (metrics_test.go)
 }
 
 // script runs a hack/ script, bounded, returning stdout; stderr goes into
@@ -70,7 +71,7 @@ func tail(s string, n int) string {
 }
 
 // newWorld brings up everything; all of it is torn down by t.Cleanup.
-func newWorld(t *testing.T) *world {
+func newWorld(t testing.TB) *world {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("-short: the end-to-end world needs root, nspawn hosts, the Kubernetes binaries and ansible-playbook (make test runs it)")
@@ -148,7 +149,9 @@ func newWorld(t *testing.T) *world {
 	t.Logf("profile: %s", w.profile)
 	w.createHosts()
 
-	w.ctrl = &controller{t: t, bin: bin, dir: repo, logDir: w.logDir, env: []string{
+	// One metrics port for the world: Prometheus keeps one scrape target
+	// across controller restarts.
+	w.ctrl = &controller{t: t, bin: bin, dir: repo, logDir: w.logDir, metricsPort: freePort(), env: []string{
 		"KUBECONFIG=" + w.kubeconfig,
 		"DISABLE_LEADER_ELECTION=true",
 		"POOL_NAMESPACE=" + poolNS,
@@ -159,6 +162,7 @@ func newWorld(t *testing.T) *world {
 	}}
 	w.ctrl.start()
 	t.Cleanup(w.ctrl.stop)
+	w.prom = startPrometheus(t, w.logDir, "127.0.0.1:"+w.ctrl.metricsPort)
 	w.eventually("3 hosts Available", 3*time.Minute, func() (bool, string) { return w.allHosts(v1beta1.HostAvailable) })
 	t.Logf("world ready in %v", time.Since(start).Round(time.Millisecond))
 	return w
@@ -375,14 +379,15 @@ func (w *world) scale(n int) {
 // controller is cmd/controller running as a child process (own process
 // group, killed and reaped by stop).
 type controller struct {
-	t      *testing.T
-	bin    string
-	dir    string
-	env    []string
-	logDir string
-	cmd    *exec.Cmd
-	done   chan struct{}
-	runs   int
+	t           testing.TB
+	bin         string
+	dir         string
+	env         []string
+	logDir      string
+	metricsPort string // the same at every (re)start
+	cmd         *exec.Cmd
+	done        chan struct{}
+	runs        int
 }
 
 func freePort() string {
@@ -412,7 +417,7 @@ func (c *controller) start() {
 	cmd := exec.Command(c.bin)
 	cmd.Dir = c.dir // finds playbooks/collections and roles/ from the checkout
 	cmd.Env = append(os.Environ(), c.env...)
-	cmd.Env = append(cmd.Env, "METRICS_PORT="+freePort(), "HEALTH_PROBE_PORT="+freePort())
+	cmd.Env = append(cmd.Env, "METRICS_PORT="+c.metricsPort, "HEALTH_PROBE_PORT="+freePort())
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -18,6 +18,12 @@ const (
 	ActionLeaveFailed   = "leave_failed"
 )
 
+// Probe outcomes (label values of kpssh_host_probe_duration_seconds).
+const (
+	ProbeSuccess = "success"
+	ProbeError   = "error"
+)
+
 var (
 	probeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "kpssh_host_probe_duration_seconds",
@@ -32,6 +38,16 @@ var (
 
 func init() {
 	crmetrics.Registry.MustRegister(probeDuration, zombieActions)
+	// Every known label value exists from the start at zero: increase() and
+	// rate() need a sample before the first event, or the first zombie
+	// action after a (re)start is invisible to the seed's alert query and the
+	// dashboard's probe-failure rate is "no data" instead of 0.
+	for _, a := range []string{ActionParkedForeign, ActionLeft, ActionLeaveFailed} {
+		zombieActions.WithLabelValues(a)
+	}
+	for _, o := range []string{ProbeSuccess, ProbeError} {
+		probeDuration.WithLabelValues(o)
+	}
 }
 
 // poolCollector computes kpssh_pool_hosts{state,class} on scrape from the

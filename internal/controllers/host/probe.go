@@ -46,10 +46,10 @@ func (c *Controller) probe(ctx context.Context, h *v1beta1.SSHHost) (reconcile.R
 	start := c.Clock.Now()
 	res, err := c.Prober(ctx, creds.Target(h), h.Spec.ExecMode == v1beta1.ExecModeVerified, h.Spec.ShimCommand, c.Timeout)
 	if err != nil {
-		probeDuration.WithLabelValues("error").Observe(c.Clock.Since(start).Seconds())
+		probeDuration.WithLabelValues(ProbeError).Observe(c.Clock.Since(start).Seconds())
 		return c.probeFailed(ctx, h, res, creds, err)
 	}
-	probeDuration.WithLabelValues("success").Observe(c.Clock.Since(start).Seconds())
+	probeDuration.WithLabelValues(ProbeSuccess).Observe(c.Clock.Since(start).Seconds())
 	if res.Facts.KubeletActive {
 		return c.zombie(ctx, h, creds, res)
 	}
