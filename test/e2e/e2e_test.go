@@ -46,6 +46,7 @@ func TestE2E(t *testing.T) {
 		{"Drift", drift},
 		{"CrashResume", crashResume},
 		{"RoleProfile", roleProfile},
+		{"Verified", verified},
 		{"Metrics", metrics}, // last: reads what the others left in Prometheus
 	}
 	failed := ""
