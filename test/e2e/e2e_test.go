@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -42,6 +41,7 @@ func TestE2E(t *testing.T) {
 		{"Consolidation", consolidation},
 		{"Reboot", reboot},
 		{"ZombieGuard", zombieGuard},
+		{"PowerOutage", powerOutage},
 		{"Maintenance", maintenance},
 		{"Drift", drift},
 		{"CrashResume", crashResume},
@@ -341,75 +341,6 @@ func drift(w *world, st *state) {
 	w.t.Logf("drifted %s replaced by %s", old.Name, host.Name)
 	w.scale(0)
 	w.allLeft("drift done: everything Available")
-}
-
-// crashResume: SIGKILL the controller (its whole process group, so
-// in-flight ansible-playbook runs die with it) at points of Create and
-// Delete, restart it, and check that it converges: one claim on one host,
-// no leaked bootstrap token, hosts back in the pool after leave.
-func crashResume(w *world, st *state) {
-	type point struct {
-		name  string
-		scale int
-		hit   func(h v1beta1.SSHHost) bool
-	}
-	// Delete keeps the host InUse while leave runs: "during leave" is a
-	// deleting claim whose host's kubelet leave has already stopped.
-	duringLeave := func(h v1beta1.SSHHost) bool {
-		if h.Status.State != v1beta1.HostInUse || h.Status.ClaimRef == nil {
-			return false
-		}
-		c := &karpv1.NodeClaim{}
-		if err := w.kube.Get(context.Background(), client.ObjectKey{Name: h.Status.ClaimRef.Name}, c); err != nil || c.DeletionTimestamp == nil {
-			return false
-		}
-		return strings.HasPrefix(w.units(w.hostIndex(h.Name)), "kubelet=disabled/inactive")
-	}
-	points := []point{
-		{"after claim", 1, func(h v1beta1.SSHHost) bool { return h.Status.State == v1beta1.HostClaimed }},
-		{"during leave", 0, duringLeave},
-		{"after token mint", 1, func(h v1beta1.SSHHost) bool {
-			return h.Status.State == v1beta1.HostClaimed && h.Status.BootstrapTokenID != ""
-		}},
-		{"during leave (2)", 0, duringLeave},
-	}
-	for _, p := range points {
-		w.scale(p.scale)
-		w.crashWhen(p.name, p.hit)
-		if p.scale == 1 {
-			w.joined("")
-			if n := len(w.nodes()); n != 1 {
-				w.t.Errorf("%s: %d Nodes after resume, want 1", p.name, n)
-			}
-			w.eventually(p.name+": no token left", 2*time.Minute, func() (bool, string) {
-				tk := w.tokens()
-				return len(tk) == 0, strings.Join(tk, " ")
-			})
-		} else {
-			w.allLeft(p.name + ": converged after the crash")
-		}
-	}
-	w.scale(0)
-	w.allLeft("crash-resume done")
-}
-
-// crashWhen SIGKILLs the controller as soon as a host satisfies hit, then
-// starts it again.
-func (w *world) crashWhen(name string, hit func(v1beta1.SSHHost) bool) {
-	w.t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for time.Now().Before(deadline) {
-		for _, h := range w.sshHosts() {
-			if hit(h) {
-				w.ctrl.kill(syscall.SIGKILL)
-				w.t.Logf("crash %s: SIGKILLed the controller (%s %s)", name, h.Name, h.Status.State)
-				w.ctrl.start()
-				return
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	w.t.Fatalf("crash point %q never reached", name)
 }
 
 // roleProfile: the node class switches to the shipped role-based profile
