@@ -118,9 +118,11 @@ molecule: deps rootfs
 test-hosts: deps rootfs
 	go test $(GO_TEST_FLAGS) -v ./test/hostenv/
 
-## bench: every benchmark, each printing its figure and its same-run baseline
+## bench: every benchmark, each printing its figure and its same-run baseline;
+## then the e2e join timelines (test/e2e/bench_test.go: one world, its own runs, so 1x)
 bench: deps k8s-bins rootfs
 	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) go test -run '^$$' -bench . -benchtime 3x -timeout 30m ./...
+	go test -tags e2e -run '^$$' -bench JoinTimeline -benchtime 1x -timeout 60m ./test/e2e/
 
 ## demo: local control plane + hosts + controller + a workload scaling up and down
 demo: deps
