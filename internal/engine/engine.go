@@ -97,6 +97,11 @@ type Request struct {
 	// Redact lists extra values to scrub from everything returned (values
 	// shorter than MinRedactLen are ignored).
 	Redact []string
+	// Key names this run for executors whose runs outlive their caller
+	// (executor job): the same key is the same run, so a restarted caller
+	// re-attaches instead of starting it twice. Opaque to the engine and
+	// not secret; empty means a fresh run every time. Local ignores it.
+	Key string
 }
 
 // Outcome is how a phase ended.

@@ -11,6 +11,8 @@ import (
 
 	opcontroller "github.com/awslabs/operatorpkg/controller"
 	"github.com/samber/lo"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider/overlay"
 	corecontrollers "sigs.k8s.io/karpenter/pkg/controllers"
@@ -23,6 +25,7 @@ import (
 	"github.com/dklesev/kpssh/internal/controllers/node/startuptaint"
 	"github.com/dklesev/kpssh/internal/controllers/nodeclass"
 	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/jobexec"
 	"github.com/dklesev/kpssh/internal/operator/options"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
 	"github.com/dklesev/kpssh/internal/providers/leave"
@@ -71,7 +74,14 @@ func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*eng
 	// namespace only (and kube-public/cluster-info).
 	live := op.GetAPIReader()
 	keys := hostkey.New(live)
-	runner := phase.New(eng, keys, op.EventRecorder)
+	phases, err := executor(o, op)
+	if err != nil {
+		return nil, err
+	}
+	if phases == nil {
+		phases = eng
+	}
+	runner := phase.New(phases, keys, op.EventRecorder)
 	tokens := token.New(kube)
 	cp := cloudprovider.New(kube, live, o.PoolNamespace, runner, tokens, op.EventRecorder, op.Clock)
 
@@ -102,6 +112,26 @@ func (k *Kpssh) WithControllers(ctx context.Context, op *coreoperator.Operator) 
 		WithControllers(ctx, corecontrollers.NewControllers(ctx, op.Manager, op.Clock, op.GetClient(), op.EventRecorder,
 			decorated, k.CloudProvider, cluster, op.InstanceTypeStore, op.PredictionStore)...).
 		WithControllers(ctx, k.Controllers...)
+}
+
+// executor is the phase executor of o.Executor: nil for local (the engine
+// itself), a jobexec.Executor for job. The Local engine stays in use for
+// what never runs a phase (profile validation, rendering).
+func executor(o *options.Options, op *coreoperator.Operator) (engine.Engine, error) {
+	if o.Executor != options.ExecutorJob {
+		return nil, nil
+	}
+	// A direct client: Jobs, pods and Secrets in the Job namespace are read
+	// live; a cached read would start cluster-wide informers the chart's
+	// RBAC (that namespace only) forbids.
+	c, err := client.NewWithWatch(op.GetConfig(), client.Options{Scheme: op.GetScheme()})
+	if err != nil {
+		return nil, fmt.Errorf("executor job: %w", err)
+	}
+	return jobexec.New(c, jobexec.Options{
+		Namespace: o.JobNamespace, Image: o.JobImage, ImagePullPolicy: corev1.PullPolicy(o.JobImagePullPolicy),
+		TTL: o.JobTTL, HostNetwork: o.JobHostNetwork, MemoryLimit: o.JobMemoryLimit,
+	})
 }
 
 type registerFunc func(context.Context, manager.Manager) error

@@ -284,7 +284,7 @@ func TestDeployment(t *testing.T) {
 	// Every variable is one the controller reads: it names a flag of the
 	// controller's flag set (flag foo-bar ↔ FOO_BAR), and parsing with the
 	// environment set succeeds.
-	parse := func(t *testing.T, vars []corev1.EnvVar) error {
+	parse := func(t *testing.T, vars []corev1.EnvVar) (*options.Options, error) {
 		for _, e := range vars {
 			v := e.Value
 			if e.ValueFrom != nil {
@@ -301,30 +301,57 @@ func TestDeployment(t *testing.T) {
 		for _, e := range vars {
 			name := strings.ToLower(strings.ReplaceAll(e.Name, "_", "-"))
 			if fs.Lookup(name) == nil {
-				return fmt.Errorf("env %s: the controller has no flag %s, so it never reads it", e.Name, name)
+				return nil, fmt.Errorf("env %s: the controller has no flag %s, so it never reads it", e.Name, name)
 			}
 		}
 		if err := core.Parse(fs); err != nil {
-			return err
+			return nil, err
 		}
 		if err := ours.Parse(fs); err != nil {
-			return err
+			return nil, err
 		}
 		if ours.PoolNamespace != env["POOL_NAMESPACE"] || core.LeaderElectionName != "kpssh-leader-election" || core.MemoryLimit != 1073741824 {
-			return fmt.Errorf("parsed %+v / leader %q memory %d", ours, core.LeaderElectionName, core.MemoryLimit)
+			return nil, fmt.Errorf("parsed %+v / leader %q memory %d", ours, core.LeaderElectionName, core.MemoryLimit)
 		}
-		return nil
+		return ours, nil
 	}
 	t.Run("defaults", func(t *testing.T) {
-		if err := parse(t, c.Env); err != nil {
-			t.Error(err)
+		o, err := parse(t, c.Env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Executor != options.ExecutorLocal || o.JobImage != "" {
+			t.Errorf("defaults: executor %q job image %q", o.Executor, o.JobImage)
 		}
 	})
-	// The controller of this version refuses executor job (NOTES warns).
+	// Executor job: the controller accepts the chart's Job settings; the
+	// phase image defaults to the controller's own (it holds phase-run).
 	t.Run("executor job", func(t *testing.T) {
-		dj := convert[appsv1.Deployment](t, find(w.template(t, "--set", "executor=job"), "Deployment", "kpssh", "kpssh"))
-		if err := parse(t, dj.Spec.Template.Spec.Containers[0].Env); err == nil || !strings.Contains(err.Error(), "executor job is not implemented") {
-			t.Errorf("executor job: %v", err)
+		for _, tc := range []struct {
+			set            []string
+			ns, image, ttl string
+			hostNet        bool
+			memory         string
+		}{
+			{[]string{"executor=job"}, "kpssh", "", "15m0s", false, "512Mi"}, // image "": the controller's
+			{[]string{"executor=job", "jobExecutor.namespace=phases", "jobExecutor.image=reg.example/kpssh-controller:1", "jobExecutor.ttl=1h", "jobExecutor.hostNetwork=true", "jobExecutor.memoryLimit=1Gi"},
+				"phases", "reg.example/kpssh-controller:1", "1h0m0s", true, "1Gi"},
+		} {
+			objs := w.template(t, "--set", strings.Join(tc.set, ","))
+			dj := convert[appsv1.Deployment](t, find(objs, "Deployment", "kpssh", "kpssh"))
+			o, err := parse(t, dj.Spec.Template.Spec.Containers[0].Env)
+			if err != nil {
+				t.Fatalf("%v: %v", tc.set, err)
+			}
+			if tc.image == "" {
+				tc.image = dj.Spec.Template.Spec.Containers[0].Image
+			}
+			if o.Executor != options.ExecutorJob || o.JobNamespace != tc.ns || o.JobImage != tc.image || o.JobTTL.String() != tc.ttl || o.JobHostNetwork != tc.hostNet || o.JobMemoryLimit != tc.memory || o.JobImagePullPolicy != "IfNotPresent" {
+				t.Errorf("%v: parsed %+v", tc.set, o)
+			}
+			if find(objs, "Role", tc.ns, "kpssh-job-executor") == nil || find(objs, "RoleBinding", tc.ns, "kpssh-job-executor") == nil {
+				t.Errorf("%v: no Job executor Role/RoleBinding in %s", tc.set, tc.ns)
+			}
 		}
 	})
 }
@@ -506,10 +533,7 @@ func TestHelmInstall(t *testing.T) {
 
 	// RBAC as the apiserver's authorizer sees it.
 	sa := "system:serviceaccount:kpssh:kpssh"
-	cases := []struct {
-		verb, group, resource, sub, ns, name string
-		allowed                              bool
-	}{
+	checkAccess(t, cl, sa, "executor local", []access{
 		{"get", "", "secrets", "", "kpssh-system", "host-key", true},
 		{"list", "", "secrets", "", "kpssh-system", "", false},
 		{"watch", "", "secrets", "", "kpssh-system", "", false},
@@ -544,20 +568,33 @@ func TestHelmInstall(t *testing.T) {
 		{"update", "coordination.k8s.io", "leases", "", "kpssh", "karpenter-leader-election", false},
 		{"delete", "coordination.k8s.io", "leases", "", "kube-node-lease", "n1", true},
 		{"create", "batch", "jobs", "", "kpssh", "", false}, // executor local: no Job RBAC
+	})
+
+	// Executor job (an upgrade of the same release): the Job executor's Role
+	// in the Job namespace, and nothing more than it needs there.
+	if out, stderr, code := w.run(t, "upgrade", "kpssh", w.chart, "--kubeconfig", kubeconfig, "--namespace", "kpssh", "--timeout", "2m", "--reuse-values", "--set", "executor=job"); code != 0 {
+		t.Fatalf("helm upgrade executor=job: exit %d\n%s%s", code, out, stderr)
+	} else if !strings.Contains(out, `Executor "job": every phase runs as a Job in namespace kpssh`) {
+		t.Errorf("NOTES of executor job:\n%s", out)
 	}
-	for _, tc := range cases {
-		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-			User:               sa,
-			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:kpssh", "system:authenticated"},
-			ResourceAttributes: &authzv1.ResourceAttributes{Verb: tc.verb, Group: tc.group, Resource: tc.resource, Subresource: tc.sub, Namespace: tc.ns, Name: tc.name},
-		}}
-		if err := cl.Create(ctx, sar); err != nil {
-			t.Fatal(err)
-		}
-		if sar.Status.Allowed != tc.allowed {
-			t.Errorf("%s %s/%s %s in %q name %q: allowed %v, want %v (%s)", tc.verb, tc.group, tc.resource, tc.sub, tc.ns, tc.name, sar.Status.Allowed, tc.allowed, sar.Status.Reason)
-		}
-	}
+	checkAccess(t, cl, sa, "executor job", []access{
+		{"create", "batch", "jobs", "", "kpssh", "", true},
+		{"get", "batch", "jobs", "", "kpssh", "kpssh-join-0123", true},
+		{"list", "batch", "jobs", "", "kpssh", "", true},
+		{"watch", "batch", "jobs", "", "kpssh", "", true},
+		{"delete", "batch", "jobs", "", "kpssh", "kpssh-join-0123", true},
+		{"update", "batch", "jobs", "", "kpssh", "kpssh-join-0123", false},
+		{"create", "batch", "jobs", "", "default", "", false},
+		{"create", "", "secrets", "", "kpssh", "", true},
+		{"delete", "", "secrets", "", "kpssh", "kpssh-join-0123", true},
+		{"get", "", "secrets", "", "kpssh", "kpssh-join-0123", false}, // inputs are written, never read back
+		{"list", "", "secrets", "", "kpssh", "", false},
+		{"get", "", "pods", "", "kpssh", "p", true},
+		{"list", "", "pods", "", "kpssh", "", true},
+		{"watch", "", "pods", "", "kpssh", "", true},
+		{"create", "", "pods", "", "kpssh", "", false},
+		{"get", "", "pods", "log", "kpssh", "p", false},
+	})
 
 	// Uninstall removes what install made (CRDs stay, as helm keeps them).
 	if _, stderr, code := w.run(t, "uninstall", "kpssh", "--kubeconfig", kubeconfig, "--namespace", "kpssh", "--wait", "--timeout", "2m"); code != 0 {
@@ -565,6 +602,36 @@ func TestHelmInstall(t *testing.T) {
 	}
 	if err := cl.Get(ctx, client.ObjectKey{Namespace: "kpssh", Name: "kpssh"}, &appsv1.Deployment{}); err == nil {
 		t.Error("Deployment left after uninstall")
+	}
+}
+
+// access is one SubjectAccessReview and its expected answer.
+type access struct {
+	verb, group, resource, sub, ns, name string
+	allowed                              bool
+}
+
+// checkAccess asks the apiserver's authorizer about each case for user.
+func checkAccess(t *testing.T, cl client.Client, user, what string, cases []access) {
+	t.Helper()
+	for _, tc := range cases {
+		var got *authzv1.SubjectAccessReview
+		// The authorizer's RBAC informer may lag an install or upgrade a
+		// moment: an expected allow is retried, a deny is taken as it is.
+		eventually(t, what+" "+tc.verb+" "+tc.resource, func() (bool, error) {
+			got = &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+				User:               user,
+				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:kpssh", "system:authenticated"},
+				ResourceAttributes: &authzv1.ResourceAttributes{Verb: tc.verb, Group: tc.group, Resource: tc.resource, Subresource: tc.sub, Namespace: tc.ns, Name: tc.name},
+			}}
+			if err := cl.Create(context.Background(), got); err != nil {
+				return false, err
+			}
+			return got.Status.Allowed == tc.allowed || !tc.allowed, nil
+		})
+		if got.Status.Allowed != tc.allowed {
+			t.Errorf("%s: %s %s/%s %s in %q name %q: allowed %v, want %v (%s)", what, tc.verb, tc.group, tc.resource, tc.sub, tc.ns, tc.name, got.Status.Allowed, tc.allowed, got.Status.Reason)
+		}
 	}
 }
 

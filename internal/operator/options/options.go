@@ -8,7 +8,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	coreoptions "sigs.k8s.io/karpenter/pkg/operator/options"
 	"sigs.k8s.io/karpenter/pkg/utils/env"
@@ -32,8 +36,18 @@ type Options struct {
 	ProbeConcurrency int
 	// AnsiblePlaybook is the ansible-playbook binary; empty = PATH.
 	AnsiblePlaybook string
-	// Executor runs phases: "local" (child process). "job" is reserved.
+	// Executor runs phases: "local" (child processes) or "job" (a
+	// Kubernetes Job per phase, internal/jobexec).
 	Executor string
+	// Job* configure executor job: the Jobs' namespace and image (the
+	// controller image: it holds `controller phase-run`), ttl after they
+	// finish, host network, the phase container's memory limit.
+	JobNamespace       string
+	JobImage           string
+	JobImagePullPolicy string
+	JobTTL             time.Duration
+	JobHostNetwork     bool
+	JobMemoryLimit     string
 }
 
 // Executors.
@@ -49,7 +63,13 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 	fs.DurationVar(&o.ProbeTimeout, "probe-timeout", env.WithDefaultDuration("PROBE_TIMEOUT", 30*time.Second), "Timeout of one host probe")
 	fs.IntVar(&o.ProbeConcurrency, "probe-concurrency", env.WithDefaultInt("PROBE_CONCURRENCY", 32), "Maximum concurrent host probes")
 	fs.StringVar(&o.AnsiblePlaybook, "ansible-playbook", env.WithDefaultString("ANSIBLE_PLAYBOOK", ""), "ansible-playbook executable (default: from PATH)")
-	fs.StringVar(&o.Executor, "executor", env.WithDefaultString("EXECUTOR", ExecutorLocal), "Where phases run: local (child processes of the controller)")
+	fs.StringVar(&o.Executor, "executor", env.WithDefaultString("EXECUTOR", ExecutorLocal), "Where phases run: local (child processes of the controller) or job (a Kubernetes Job per phase)")
+	fs.StringVar(&o.JobNamespace, "job-namespace", env.WithDefaultString("JOB_NAMESPACE", ""), "Executor job: namespace of the phase Jobs and their input Secrets")
+	fs.StringVar(&o.JobImage, "job-image", env.WithDefaultString("JOB_IMAGE", ""), "Executor job: image of the phase pods (the controller image)")
+	fs.StringVar(&o.JobImagePullPolicy, "job-image-pull-policy", env.WithDefaultString("JOB_IMAGE_PULL_POLICY", "IfNotPresent"), "Executor job: Always, IfNotPresent or Never")
+	fs.DurationVar(&o.JobTTL, "job-ttl", env.WithDefaultDuration("JOB_TTL", 15*time.Minute), "Executor job: a finished Job (and its log) is deleted after this")
+	fs.BoolVarWithEnv(&o.JobHostNetwork, "job-host-network", "JOB_HOST_NETWORK", false, "Executor job: run phase pods in the node's network (hosts not reachable from the pod network)")
+	fs.StringVar(&o.JobMemoryLimit, "job-memory-limit", env.WithDefaultString("JOB_MEMORY_LIMIT", "512Mi"), "Executor job: memory limit of a phase pod")
 }
 
 // Parse implements coreoptions.Injectable.
@@ -81,11 +101,37 @@ func (o *Options) Validate() error {
 	switch o.Executor {
 	case ExecutorLocal:
 	case ExecutorJob:
-		errs = append(errs, errors.New("executor job is not implemented yet; use local"))
+		errs = append(errs, o.validateJob()...)
 	default:
-		errs = append(errs, fmt.Errorf("executor %q is unknown (local)", o.Executor))
+		errs = append(errs, fmt.Errorf("executor %q is unknown (local, job)", o.Executor))
 	}
 	return errors.Join(errs...)
+}
+
+func (o *Options) validateJob() []error {
+	var errs []error
+	if o.JobNamespace == "" {
+		errs = append(errs, errors.New("executor job needs job-namespace (JOB_NAMESPACE)"))
+	} else if e := validation.IsDNS1123Label(o.JobNamespace); len(e) > 0 {
+		errs = append(errs, fmt.Errorf("job-namespace %q: %s", o.JobNamespace, strings.Join(e, "; ")))
+	}
+	if o.JobImage == "" {
+		errs = append(errs, errors.New("executor job needs job-image (JOB_IMAGE), the controller image"))
+	} else if strings.ContainsAny(o.JobImage, " \t\n") {
+		errs = append(errs, fmt.Errorf("job-image %q is not an image reference", o.JobImage))
+	}
+	switch o.JobImagePullPolicy {
+	case "Always", "IfNotPresent", "Never":
+	default:
+		errs = append(errs, fmt.Errorf("job-image-pull-policy %q is not Always, IfNotPresent or Never", o.JobImagePullPolicy))
+	}
+	if o.JobTTL < time.Second {
+		errs = append(errs, fmt.Errorf("job-ttl %s is below 1s", o.JobTTL))
+	}
+	if q, err := resource.ParseQuantity(o.JobMemoryLimit); err != nil || q.Sign() <= 0 {
+		errs = append(errs, fmt.Errorf("job-memory-limit %q is not a positive quantity", o.JobMemoryLimit))
+	}
+	return errs
 }
 
 // ToContext implements coreoptions.Injectable.

@@ -131,7 +131,18 @@ func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 		return engine.Result{Outcome: engine.Failed, ExitCode: -1, Message: engine.NewRedactor(redact...).Redact("connect: " + err.Error())}
 	}
 	req.Conn.HostKey = line
+	req.Key = RunKey(h, ph)
 	return r.Engine.Run(ctx, req)
+}
+
+// RunKey identifies a phase run for executors that re-attach (executor
+// job): host, phase and the holding claim's UID. Without a claim (a zombie
+// leave) it is empty: such runs are never resumed, each one is fresh.
+func RunKey(h *v1beta1.SSHHost, ph engine.Phase) string {
+	if h.Status.ClaimRef == nil || h.Status.ClaimRef.UID == "" {
+		return ""
+	}
+	return h.Namespace + "/" + h.Name + "/" + string(ph) + "/" + string(h.Status.ClaimRef.UID)
 }
 
 func configResult(err error) engine.Result {

@@ -1,0 +1,548 @@
+// Package jobexec is executor `job`: each phase runs as a Kubernetes Job of
+// the controller image (built on the runner image) instead of a child
+// process of the controller. It implements engine.Engine and knows Jobs,
+// Secrets and Pods, and the engine's Request/Result — nothing of hosts or
+// claims: the caller names the run with an opaque Request.Key.
+//
+// One run: the Job is created first, then its inputs Secret (the request,
+// private key, token and secrets included) with the Job as owner, so the
+// Secret never exists without an owner that the garbage collector follows;
+// the pod mounts it read-only and runs `controller phase-run`, which writes
+// the redacted result to its termination message. The executor watches the
+// pod, reads the result from its terminated state, deletes the Secret, and
+// leaves the Job to ttlSecondsAfterFinished (its log stays for a while).
+//
+// The Job name derives from the key, so a restarted controller running the
+// same phase for the same claim finds the Job and waits for it instead of
+// starting a second one. A Job of the same key but other inputs (a new
+// bootstrap token after a crash) is stale: it is deleted, its pod gone,
+// before the new one starts.
+package jobexec
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dklesev/kpssh/internal/engine"
+)
+
+// Labels and annotations on the Job, its pod and its Secret.
+const (
+	LabelManagedBy   = "app.kubernetes.io/managed-by"
+	ManagedBy        = "kpssh"
+	LabelRun         = "kpssh.dklesev.github.io/run"
+	LabelPhase       = "kpssh.dklesev.github.io/phase"
+	AnnotationKey    = "kpssh.dklesev.github.io/run-key"
+	AnnotationInputs = "kpssh.dklesev.github.io/inputs-sha256"
+	// ContainerName is the phase container's name.
+	ContainerName = "phase"
+	// jobNameLabel is what the Job controller labels its pods with.
+	jobNameLabel = "batch.kubernetes.io/job-name"
+	// managedNodeLabel marks nodes kpssh joined: a phase pod never runs on
+	// one (a leave would stop the kubelet under its own pod).
+	managedNodeLabel = "karpenter.dklesev.github.io/managed"
+)
+
+// Defaults of Options.
+const (
+	DefaultTTL          = 15 * time.Minute
+	DefaultStartGrace   = 2 * time.Minute
+	DefaultPullGrace    = 2 * time.Minute
+	DefaultMemoryLimit  = "512Mi"
+	DefaultPollInterval = 10 * time.Second
+	runAsID             = 65532
+)
+
+// Options configure an Executor.
+type Options struct {
+	// Namespace of the Jobs and their inputs Secrets.
+	Namespace string
+	// Image is the phase image: the controller image (it holds `controller
+	// phase-run`), by default the controller's own.
+	Image           string
+	ImagePullPolicy corev1.PullPolicy
+	// TTL is the Job's ttlSecondsAfterFinished.
+	TTL time.Duration
+	// HostNetwork runs the phase pod in the node's network namespace (hosts
+	// reachable from nodes but not from the pod network).
+	HostNetwork bool
+	// MemoryLimit of the phase container (a resource quantity).
+	MemoryLimit string
+	// DefaultTimeout is used for requests without one (engine.DefaultTimeout).
+	DefaultTimeout time.Duration
+	// StartGrace is added to the phase timeout for scheduling, image pull
+	// and start: activeDeadlineSeconds = timeout + StartGrace.
+	StartGrace time.Duration
+	// PullGrace is how long an image pull may fail before the run is given
+	// up as a ConfigError.
+	PullGrace time.Duration
+	// PollInterval re-reads the Job and pod between watch events.
+	PollInterval time.Duration
+	// ImagePullSecrets of the phase pod.
+	ImagePullSecrets []string
+}
+
+// Executor runs phases as Jobs.
+type Executor struct {
+	Client client.WithWatch
+	Opts   Options
+	memory resource.Quantity
+	now    func() time.Time
+}
+
+var _ engine.Engine = (*Executor)(nil)
+
+// New checks o and returns an executor on c (a direct client: Jobs, pods
+// and Secrets are read live, no informer).
+func New(c client.WithWatch, o Options) (*Executor, error) {
+	if c == nil {
+		return nil, errors.New("jobexec: a client is required")
+	}
+	if errs := validation.IsDNS1123Label(o.Namespace); len(errs) > 0 {
+		return nil, fmt.Errorf("jobexec: namespace %q: %s", o.Namespace, strings.Join(errs, "; "))
+	}
+	if strings.TrimSpace(o.Image) == "" || strings.ContainsAny(o.Image, " \t\n") {
+		return nil, fmt.Errorf("jobexec: image %q is not an image reference", o.Image)
+	}
+	switch o.ImagePullPolicy {
+	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+	default:
+		return nil, fmt.Errorf("jobexec: image pull policy %q is not Always, IfNotPresent or Never", o.ImagePullPolicy)
+	}
+	if o.TTL == 0 {
+		o.TTL = DefaultTTL
+	}
+	if o.TTL < time.Second {
+		return nil, fmt.Errorf("jobexec: ttl %s is below 1s", o.TTL)
+	}
+	if o.MemoryLimit == "" {
+		o.MemoryLimit = DefaultMemoryLimit
+	}
+	mem, err := resource.ParseQuantity(o.MemoryLimit)
+	if err != nil || mem.Sign() <= 0 {
+		return nil, fmt.Errorf("jobexec: memory limit %q is not a positive quantity", o.MemoryLimit)
+	}
+	for d, def := range map[*time.Duration]time.Duration{&o.DefaultTimeout: engine.DefaultTimeout, &o.StartGrace: DefaultStartGrace,
+		&o.PullGrace: DefaultPullGrace, &o.PollInterval: DefaultPollInterval} {
+		if *d <= 0 {
+			*d = def
+		}
+	}
+	return &Executor{Client: c, Opts: o, memory: mem, now: time.Now}, nil
+}
+
+// JobName is the Job (and inputs Secret) name of a run: the phase and a hash
+// of the key, a DNS-1123 label of at most 63 characters. An empty key gets a
+// random suffix (a run that is never resumed).
+func JobName(ph engine.Phase, key string) string {
+	var sum []byte
+	if key == "" {
+		sum = make([]byte, 10)
+		_, _ = rand.Read(sum)
+	} else {
+		h := sha256.Sum256([]byte(key))
+		sum = h[:10]
+	}
+	// "kpssh-uninstall-" + 20 hex = 36 characters; the Job controller's pod
+	// name suffix (-xxxxx) still fits in 63.
+	return "kpssh-" + string(ph) + "-" + hex.EncodeToString(sum)
+}
+
+// Run runs req as a Job and waits for its result. Like the Local engine it
+// never panics and always returns a redacted result. When ctx ends first the
+// Job keeps running (a restarted controller re-attaches) and the result is
+// TimedOut.
+func (e *Executor) Run(ctx context.Context, req engine.Request) engine.Result {
+	start := e.now()
+	red := redactor(req)
+	res := e.run(ctx, req)
+	res.Duration = e.now().Sub(start)
+	res.FailedTask = red.Redact(res.FailedTask)
+	res.Message = shorten(red.Redact(strings.TrimSpace(res.Message)), engine.MaxMessage)
+	return res
+}
+
+// redactor scrubs the request's secrets from what the executor returns (the
+// pod's result is redacted already; messages built here may quote the pod).
+func redactor(req engine.Request) *engine.Redactor {
+	vals := append([]string{}, req.Redact...)
+	if t := req.Context.BootstrapToken; t != "" {
+		vals = append(vals, t)
+		if _, s, ok := strings.Cut(t, "."); ok {
+			vals = append(vals, s)
+		}
+	}
+	for _, v := range req.Context.Secrets {
+		vals = append(vals, v)
+	}
+	return engine.NewRedactor(vals...)
+}
+
+func configError(format string, a ...any) engine.Result {
+	return engine.Result{Outcome: engine.ConfigError, ExitCode: -1, Message: fmt.Sprintf(format, a...)}
+}
+
+// apiFailure: the apiserver refused or failed; nothing ran on the host.
+func apiFailure(what string, err error) engine.Result {
+	return engine.Result{Outcome: engine.Failed, ExitCode: -1, Message: fmt.Sprintf("executor job: %s: %v", what, err)}
+}
+
+func (e *Executor) timeout(req engine.Request) time.Duration {
+	if req.Timeout > 0 {
+		return req.Timeout
+	}
+	return e.Opts.DefaultTimeout
+}
+
+func (e *Executor) run(ctx context.Context, req engine.Request) engine.Result {
+	if req.Timeout < 0 {
+		return configError("timeout %s is negative", req.Timeout)
+	}
+	input, err := EncodeInput(req)
+	if err != nil {
+		return configError("executor job: %v", err)
+	}
+	sum := sha256.Sum256(input)
+	digest := hex.EncodeToString(sum[:])
+	name := JobName(req.Phase, req.Key)
+	job, err := e.ensureJob(ctx, name, req, digest)
+	if err != nil {
+		if ctx.Err() != nil {
+			return canceled(ctx, name)
+		}
+		return apiFailure("starting Job "+name, err)
+	}
+	if err := e.ensureSecret(ctx, job, input); err != nil {
+		if ctx.Err() != nil {
+			return canceled(ctx, name)
+		}
+		return apiFailure("creating the inputs Secret of Job "+name, err)
+	}
+	res, done := e.wait(ctx, job)
+	if done {
+		// The inputs are no longer needed once the pod ended: delete them
+		// now rather than with the Job at its TTL.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		_ = e.deleteSecret(dctx, job)
+		cancel()
+	}
+	return res
+}
+
+func canceled(ctx context.Context, name string) engine.Result {
+	return engine.Result{Outcome: engine.TimedOut, ExitCode: -1, Touched: true,
+		Message: fmt.Sprintf("stopped waiting for Job %s: %v (the Job keeps running; a restarted controller re-attaches)", name, context.Cause(ctx))}
+}
+
+// ensureJob returns the run's Job: the existing one when it has the same
+// key and inputs, else a new one (a stale one deleted first).
+func (e *Executor) ensureJob(ctx context.Context, name string, req engine.Request, digest string) (*batchv1.Job, error) {
+	key := client.ObjectKey{Namespace: e.Opts.Namespace, Name: name}
+	for attempt := 0; ; attempt++ {
+		job := &batchv1.Job{}
+		err := e.Client.Get(ctx, key, job)
+		switch {
+		case apierrors.IsNotFound(err):
+			job = e.jobFor(name, req, digest)
+			if err := e.Client.Create(ctx, job); err != nil {
+				if apierrors.IsAlreadyExists(err) && attempt < 3 {
+					continue // another caller made it meanwhile: look again
+				}
+				return nil, err
+			}
+			return job, nil
+		case err != nil:
+			return nil, err
+		}
+		if job.DeletionTimestamp == nil && req.Key != "" && job.Annotations[AnnotationKey] == req.Key && job.Annotations[AnnotationInputs] == digest {
+			return job, nil // re-attach
+		}
+		if attempt >= 3 {
+			return nil, fmt.Errorf("Job %s is still there after being replaced", name)
+		}
+		if err := e.removeStale(ctx, job); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// removeStale deletes a Job of other inputs and waits until it and its pods
+// are gone (foreground deletion: the Job goes last), so that two runs of the
+// same phase never overlap on a host.
+func (e *Executor) removeStale(ctx context.Context, job *batchv1.Job) error {
+	if job.DeletionTimestamp == nil {
+		err := e.Client.Delete(ctx, job, client.PropagationPolicy(metav1.DeletePropagationForeground), client.Preconditions{UID: &job.UID})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting stale Job %s: %w", job.Name, err)
+		}
+	}
+	bound := e.Opts.StartGrace
+	deadline := e.now().Add(bound)
+	for {
+		err := e.Client.Get(ctx, client.ObjectKeyFromObject(job), &batchv1.Job{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if e.now().After(deadline) {
+			return fmt.Errorf("stale Job %s (other inputs) still terminating after %s", job.Name, bound)
+		}
+		if err := sleep(ctx, min(time.Second, e.Opts.PollInterval)); err != nil {
+			return err
+		}
+	}
+}
+
+func (e *Executor) ensureSecret(ctx context.Context, job *batchv1.Job, input []byte) error {
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: job.Name, Namespace: job.Namespace,
+			Labels: map[string]string{LabelManagedBy: ManagedBy, LabelRun: job.Name},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: job.UID,
+				Controller: ptr.To(true)}},
+		},
+		Immutable: ptr.To(true),
+		Type:      corev1.SecretTypeOpaque,
+		Data:      map[string][]byte{InputKey: input},
+	}
+	err := e.Client.Create(ctx, s)
+	if apierrors.IsAlreadyExists(err) {
+		// Re-attached: the Secret of this Job was made before (its name
+		// follows the Job's, the inputs are the same by the digest).
+		return nil
+	}
+	return err
+}
+
+func (e *Executor) deleteSecret(ctx context.Context, job *batchv1.Job) error {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: job.Name, Namespace: job.Namespace}}
+	if err := e.Client.Delete(ctx, s); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+// jobFor is the Job of one run.
+func (e *Executor) jobFor(name string, req engine.Request, digest string) *batchv1.Job {
+	deadline := int64((e.timeout(req) + e.Opts.StartGrace + time.Second - 1) / time.Second)
+	labels := map[string]string{LabelManagedBy: ManagedBy, LabelRun: name, LabelPhase: string(req.Phase)}
+	annotations := map[string]string{AnnotationInputs: digest}
+	if req.Key != "" {
+		annotations[AnnotationKey] = req.Key
+	}
+	var pullSecrets []corev1.LocalObjectReference
+	for _, s := range e.Opts.ImagePullSecrets {
+		pullSecrets = append(pullSecrets, corev1.LocalObjectReference{Name: s})
+	}
+	pull := e.Opts.ImagePullPolicy
+	if pull == "" {
+		pull = corev1.PullIfNotPresent
+	}
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.Opts.Namespace, Labels: labels, Annotations: annotations},
+		Spec: batchv1.JobSpec{
+			// One attempt: a phase that failed is reported, not retried
+			// behind the controller's back.
+			BackoffLimit:            ptr.To[int32](0),
+			ActiveDeadlineSeconds:   &deadline,
+			TTLSecondsAfterFinished: ptr.To(int32(e.Opts.TTL / time.Second)),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					RestartPolicy:                 corev1.RestartPolicyNever,
+					AutomountServiceAccountToken:  ptr.To(false),
+					EnableServiceLinks:            ptr.To(false),
+					HostNetwork:                   e.Opts.HostNetwork,
+					ImagePullSecrets:              pullSecrets,
+					TerminationGracePeriodSeconds: ptr.To[int64](30),
+					Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+						RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+							MatchExpressions: []corev1.NodeSelectorRequirement{{Key: managedNodeLabel, Operator: corev1.NodeSelectorOpDoesNotExist}},
+						}}},
+					}},
+					// Restricted Pod Security Standard. fsGroup makes the
+					// Secret's files (0400) group-readable for the user.
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](runAsID), RunAsGroup: ptr.To[int64](runAsID),
+						FSGroup: ptr.To[int64](runAsID), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{
+						Name:            ContainerName,
+						Image:           e.Opts.Image,
+						ImagePullPolicy: pull,
+						Command:         []string{"/usr/bin/tini", "--", "/usr/local/bin/controller", PhaseRunCommand, "--input", InputDir + "/" + InputKey},
+						Resources: corev1.ResourceRequirements{
+							Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
+							Limits:   corev1.ResourceList{corev1.ResourceMemory: e.memory},
+						},
+						TerminationMessagePath:   TerminationLog,
+						TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true), RunAsNonRoot: ptr.To(true),
+							Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+						VolumeMounts: []corev1.VolumeMount{
+							{Name: "input", MountPath: InputDir, ReadOnly: true},
+							{Name: "run", MountPath: "/dev/shm"},
+							{Name: "tmp", MountPath: "/tmp"},
+							{Name: "home", MountPath: "/home/kpssh"},
+						},
+					}},
+					Volumes: []corev1.Volume{
+						{Name: "input", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+							SecretName: name, DefaultMode: ptr.To[int32](0o400)}}},
+						// The engine's run directory (key, secrets): tmpfs.
+						{Name: "run", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+							Medium: corev1.StorageMediumMemory, SizeLimit: ptr.To(resource.MustParse("64Mi"))}}},
+						{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("256Mi"))}}},
+						{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}},
+					},
+				},
+			},
+		},
+	}
+}
+
+// wait follows the Job until it has a result. done reports that the run is
+// over (its inputs may go); false when ctx ended first.
+func (e *Executor) wait(ctx context.Context, job *batchv1.Job) (res engine.Result, done bool) {
+	// The Job's own deadline plus a margin for its controller to act: past
+	// it, the executor gives up on a Job that never ends (no Job controller,
+	// a stuck node) and removes it.
+	deadline := job.CreationTimestamp.Time
+	if deadline.IsZero() {
+		deadline = e.now()
+	}
+	deadline = deadline.Add(time.Duration(*job.Spec.ActiveDeadlineSeconds)*time.Second + time.Minute)
+	var pullSince time.Time
+	for {
+		cur := &batchv1.Job{}
+		err := e.Client.Get(ctx, client.ObjectKeyFromObject(job), cur)
+		switch {
+		case ctx.Err() != nil:
+			return canceled(ctx, job.Name), false
+		case apierrors.IsNotFound(err) || (err == nil && cur.UID != job.UID):
+			return engine.Result{Outcome: engine.Failed, ExitCode: -1, Touched: true,
+				Message: fmt.Sprintf("Job %s was deleted before its pod reported a result", job.Name)}, true
+		case err != nil:
+			// A flaky apiserver: keep trying until the deadline.
+		}
+		pods, rv, perr := e.pods(ctx, job)
+		if err == nil && perr == nil {
+			st := judge(cur, pods, e.now())
+			if st.done {
+				return st.res, true
+			}
+			if st.pulling != "" {
+				if pullSince.IsZero() {
+					pullSince = e.now()
+				}
+				if st.fatalPull || e.now().Sub(pullSince) >= e.Opts.PullGrace {
+					e.abandon(ctx, cur)
+					return configError("phase pod cannot start its image %s: %s (nothing ran on the host)", e.Opts.Image, st.pulling), true
+				}
+			} else {
+				pullSince = time.Time{}
+			}
+			if e.now().After(deadline) {
+				e.abandon(ctx, cur)
+				return engine.Result{Outcome: engine.TimedOut, ExitCode: -1, Touched: st.started,
+					Message: fmt.Sprintf("Job %s has no result %s after its deadline (%s); deleted", job.Name, time.Minute, st.status)}, true
+			}
+		}
+		e.waitEvent(ctx, job, rv)
+	}
+}
+
+// abandon deletes a Job the executor gives up on (its pod with it).
+func (e *Executor) abandon(ctx context.Context, job *batchv1.Job) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	_ = e.Client.Delete(dctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground))
+}
+
+func (e *Executor) pods(ctx context.Context, job *batchv1.Job) ([]corev1.Pod, string, error) {
+	var l corev1.PodList
+	if err := e.Client.List(ctx, &l, client.InNamespace(job.Namespace), client.MatchingLabels{LabelRun: job.Name}); err != nil {
+		return nil, "", err
+	}
+	var out []corev1.Pod
+	for _, p := range l.Items {
+		if owned(&p, job.UID) {
+			out = append(out, p)
+		}
+	}
+	return out, l.ResourceVersion, nil
+}
+
+func owned(p *corev1.Pod, uid types.UID) bool {
+	for _, o := range p.OwnerReferences {
+		if o.UID == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// waitEvent blocks until a pod of the Job changes, PollInterval passes, or
+// ctx ends.
+func (e *Executor) waitEvent(ctx context.Context, job *batchv1.Job, rv string) {
+	wctx, cancel := context.WithTimeout(ctx, e.Opts.PollInterval)
+	defer cancel()
+	opts := []client.ListOption{client.InNamespace(job.Namespace), client.MatchingLabels{LabelRun: job.Name}}
+	if rv != "" {
+		opts = append(opts, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv}})
+	}
+	w, err := e.Client.Watch(wctx, &corev1.PodList{}, opts...)
+	if err != nil {
+		<-wctx.Done()
+		return
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-wctx.Done():
+			return
+		case ev, ok := <-w.ResultChan():
+			if ok && ev.Type == watch.Error {
+				// An expired resourceVersion and the like: re-list, but not
+				// in a tight loop.
+				_ = sleep(wctx, time.Second)
+				return
+			}
+			if !ok || ev.Type != watch.Bookmark {
+				return
+			}
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

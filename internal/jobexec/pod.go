@@ -1,0 +1,147 @@
+package jobexec
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/dklesev/kpssh/internal/engine"
+)
+
+// The pod side: `controller phase-run` (cmd/controller) reads the request
+// from the mounted inputs Secret, runs it with the Local engine (the same
+// code as executor local) and writes the redacted result as the container's
+// termination message.
+
+// Paths inside the phase pod.
+const (
+	InputDir        = "/var/run/kpssh/input"
+	InputKey        = "request.json"
+	TerminationLog  = "/dev/termination-log"
+	PhaseRunCommand = "phase-run"
+)
+
+// Exit codes of PhaseRun.
+const (
+	ExitSucceeded = 0 // the phase succeeded
+	ExitFailed    = 1 // it ran and did not succeed (the result says why)
+	ExitUsage     = 2 // no result: bad usage or input
+)
+
+// PhaseRunOptions configure the pod side (tests point them elsewhere).
+type PhaseRunOptions struct {
+	// NewEngine builds the engine (nil: engine.New with the image's
+	// collection and roles, no warm runner: a pod runs one phase).
+	NewEngine func() (engine.Engine, error)
+	Stdout    io.Writer
+	Stderr    io.Writer
+}
+
+// PhaseRun is `controller phase-run [--input FILE] [--termination-log FILE]`.
+// It returns the process exit status: 0 the phase succeeded, 1 it ran and
+// did not (the termination message has the result), 2 no result (usage or
+// unreadable input; the message says why in plain text).
+func PhaseRun(args []string, o PhaseRunOptions) int {
+	if o.Stdout == nil {
+		o.Stdout = os.Stdout
+	}
+	if o.Stderr == nil {
+		o.Stderr = os.Stderr
+	}
+	fs := flag.NewFlagSet(PhaseRunCommand, flag.ContinueOnError)
+	fs.SetOutput(o.Stderr)
+	input := fs.String("input", InputDir+"/"+InputKey, "the phase request (the inputs Secret, mounted read-only)")
+	term := fs.String("termination-log", TerminationLog, "where the result goes (the container's terminationMessagePath)")
+	if err := fs.Parse(args); err != nil {
+		return ExitUsage
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(o.Stderr, "phase-run: unexpected arguments %q\n", fs.Args())
+		return ExitUsage
+	}
+	fail := func(err error) int {
+		msg := "phase-run: " + err.Error()
+		fmt.Fprintln(o.Stderr, msg)
+		// Plain text: the controller reports it as the pod's failure.
+		_ = os.WriteFile(*term, []byte(validPrefix(msg, MaxTerminationMessage)), 0o644)
+		return ExitUsage
+	}
+	b, err := readBounded(*input, maxInput)
+	if err != nil {
+		return fail(err)
+	}
+	req, err := DecodeInput(b)
+	if err != nil {
+		return fail(err)
+	}
+	var eng engine.Engine
+	if o.NewEngine != nil {
+		eng, err = o.NewEngine()
+	} else {
+		eng, err = defaultEngine()
+	}
+	if err != nil {
+		return fail(fmt.Errorf("phase engine: %w", err))
+	}
+	if c, ok := eng.(io.Closer); ok {
+		defer c.Close()
+	}
+	// SIGTERM (Job deleted, pod evicted, activeDeadlineSeconds) ends the run
+	// the way a timeout does: interrupted, killed, a TimedOut result.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	fmt.Fprintf(o.Stdout, "phase-run: %s on %s starting (timeout %s)\n", req.Phase, req.Conn.Address, req.Timeout)
+	res := eng.Run(ctx, req)
+	msg := EncodeResult(res)
+	if err := os.WriteFile(*term, msg, 0o644); err != nil {
+		fmt.Fprintf(o.Stderr, "phase-run: writing the result to %s: %v\n", *term, err)
+		return ExitUsage
+	}
+	// The same (redacted) result in the pod's log, for kubectl logs.
+	line, _ := json.Marshal(struct {
+		Phase  engine.Phase `json:"phase"`
+		Result string       `json:"result"`
+	}{req.Phase, string(msg)})
+	fmt.Fprintln(o.Stdout, string(line))
+	if res.Outcome != engine.Succeeded {
+		return ExitFailed
+	}
+	return ExitSucceeded
+}
+
+func defaultEngine() (engine.Engine, error) {
+	coll, err := engine.FindCollectionsPath()
+	if err != nil {
+		return nil, err
+	}
+	o := engine.Options{CollectionsPath: coll, NoWarmRunner: true, DefaultTimeout: engine.DefaultTimeout}
+	if roles, err := engine.FindRolesPath(); err == nil {
+		o.RolesPath = []string{roles}
+	}
+	return engine.New(o)
+}
+
+func readBounded(path string, n int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the input: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, n+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the input: %w", err)
+	}
+	if int64(len(b)) > n {
+		return nil, fmt.Errorf("input %s is over %d bytes", path, n)
+	}
+	if len(b) == 0 {
+		return nil, errors.New("input " + path + " is empty")
+	}
+	return b, nil
+}

@@ -1,0 +1,118 @@
+package jobexec
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dklesev/kpssh/internal/engine"
+)
+
+type engineFunc func(context.Context, engine.Request) engine.Result
+
+func (f engineFunc) Run(ctx context.Context, r engine.Request) engine.Result { return f(ctx, r) }
+
+func TestPhaseRun(t *testing.T) {
+	req := request()
+	req.Key = ""
+	in, err := EncodeInput(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name     string
+		input    []byte
+		args     []string
+		newEng   func() (engine.Engine, error)
+		exit     int
+		outcome  engine.Outcome // from the termination message, through judge as the executor reads it
+		msg      string
+		gotInput bool
+	}{
+		{"succeeded", in, nil, nil, ExitSucceeded, engine.Succeeded, "", true},
+		{"failed", in, nil, func() (engine.Engine, error) {
+			return engineFunc(func(context.Context, engine.Request) engine.Result {
+				return engine.Result{Outcome: engine.Failed, FailedTask: "kpssh join", RC: 4, ExitCode: 2, Message: "join failed", Touched: true}
+			}), nil
+		}, ExitFailed, engine.Failed, "join failed", true},
+		{"bad input", []byte(`{"version":7}`), nil, nil, ExitUsage, engine.ConfigError, "input version 7", false},
+		{"empty input", []byte{}, nil, nil, ExitUsage, engine.ConfigError, "is empty", false},
+		{"no engine", in, nil, func() (engine.Engine, error) { return nil, errors.New("ansible-playbook not found") }, ExitUsage, engine.ConfigError, "ansible-playbook not found", false},
+		{"stray argument", in, []string{"extra"}, nil, ExitUsage, "", "", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			inPath, term := filepath.Join(dir, "request.json"), filepath.Join(dir, "termination-log")
+			if err := os.WriteFile(inPath, c.input, 0o400); err != nil {
+				t.Fatal(err)
+			}
+			var got *engine.Request
+			newEng := c.newEng
+			if newEng == nil {
+				newEng = func() (engine.Engine, error) {
+					return engineFunc(func(_ context.Context, r engine.Request) engine.Result {
+						got = &r
+						return engine.Result{Outcome: engine.Succeeded, Touched: true}
+					}), nil
+				}
+			} else {
+				inner := newEng
+				newEng = func() (engine.Engine, error) {
+					e, err := inner()
+					if err != nil {
+						return nil, err
+					}
+					return engineFunc(func(ctx context.Context, r engine.Request) engine.Result { got = &r; return e.Run(ctx, r) }), nil
+				}
+			}
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"--input", inPath, "--termination-log", term}, c.args...)
+			code := PhaseRun(args, PhaseRunOptions{NewEngine: newEng, Stdout: &stdout, Stderr: &stderr})
+			if code != c.exit {
+				t.Fatalf("exit %d, want %d; stderr %s", code, c.exit, stderr.String())
+			}
+			if (got != nil) != c.gotInput {
+				t.Fatalf("engine ran: %v", got != nil)
+			}
+			if got != nil && !reflect.DeepEqual(*got, req) {
+				t.Fatalf("engine got %+v\nwant %+v", *got, req)
+			}
+			if c.outcome == "" {
+				return
+			}
+			msg, err := os.ReadFile(term)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What the executor makes of this container ending.
+			st := judge(jobForTest(), []corev1.Pod{{Status: corev1.PodStatus{Phase: corev1.PodFailed, ContainerStatuses: []corev1.ContainerStatus{{Name: ContainerName,
+				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: int32(code), Reason: "Error", Message: string(msg)}}}}}}}, timeNow())
+			if !st.done || st.res.Outcome != c.outcome || !strings.Contains(st.res.Message, c.msg) {
+				t.Fatalf("executor reads %+v, want %s with %q", st.res, c.outcome, c.msg)
+			}
+			// Logs and the message never carry the inputs' secrets.
+			for _, s := range []string{"0123456789abcdef", "sekret-value-123", "PRIVATE KEY"} {
+				if strings.Contains(stdout.String()+stderr.String()+string(msg), s) {
+					t.Fatalf("secret %q in the pod's output", s)
+				}
+			}
+		})
+	}
+}
+
+func jobForTest() *batchv1.Job {
+	return &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "kpssh-join-x"}}
+}
+
+func timeNow() time.Time { return time.Now() }

@@ -1,0 +1,54 @@
+package options
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestValidateExecutor(t *testing.T) {
+	base := func() Options {
+		return Options{PoolNamespace: "kpssh-system", ProbeInterval: time.Minute, ProbeTimeout: time.Second, ProbeConcurrency: 1, Executor: ExecutorLocal,
+			JobImagePullPolicy: "IfNotPresent", JobTTL: 15 * time.Minute, JobMemoryLimit: "512Mi"}
+	}
+	job := func(f func(*Options)) Options {
+		o := base()
+		o.Executor, o.JobNamespace, o.JobImage = ExecutorJob, "kpssh", "localhost/kpssh-controller:dev"
+		if f != nil {
+			f(&o)
+		}
+		return o
+	}
+	cases := []struct {
+		name string
+		o    Options
+		want string // "" = valid
+	}{
+		{"local", base(), ""},
+		{"local ignores job settings", func() Options { o := base(); o.JobImage = ""; return o }(), ""},
+		{"job", job(nil), ""},
+		{"unknown executor", func() Options { o := base(); o.Executor = "ssh"; return o }(), `executor "ssh" is unknown (local, job)`},
+		{"job without namespace", job(func(o *Options) { o.JobNamespace = "" }), "needs job-namespace (JOB_NAMESPACE)"},
+		{"job bad namespace", job(func(o *Options) { o.JobNamespace = "Bad_NS" }), `job-namespace "Bad_NS"`},
+		{"job without image", job(func(o *Options) { o.JobImage = "" }), "needs job-image (JOB_IMAGE)"},
+		{"job image with a space", job(func(o *Options) { o.JobImage = "a b" }), "not an image reference"},
+		{"job pull policy", job(func(o *Options) { o.JobImagePullPolicy = "Sometimes" }), "job-image-pull-policy"},
+		{"job ttl", job(func(o *Options) { o.JobTTL = 0 }), "job-ttl 0s is below 1s"},
+		{"job memory", job(func(o *Options) { o.JobMemoryLimit = "lots" }), `job-memory-limit "lots"`},
+		{"job memory zero", job(func(o *Options) { o.JobMemoryLimit = "0" }), `job-memory-limit "0"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.o.Validate()
+			if c.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err %v, want %q", err, c.want)
+			}
+		})
+	}
+}
