@@ -1,0 +1,423 @@
+package jobexec_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/jobexec"
+	"github.com/dklesev/kpssh/test/hostenv"
+	"github.com/dklesev/kpssh/test/testenv"
+)
+
+// The real world of executor job, short of a pod runtime: a real
+// kube-apiserver (envtest) with a real kube-controller-manager running the
+// Job, TTL-after-finished and garbage-collector controllers, a namespace
+// enforcing the restricted Pod Security Standard, and a real systemd-nspawn
+// host with sshd. The test plays only the kubelet's part: for the pod the
+// Job controller creates, it runs the pod's command — the real
+// `controller phase-run` binary built from cmd/controller — on the Job's
+// Secret content, and writes the termination message into the pod status
+// as a kubelet does. The Ansible side (ansible-playbook, ssh, the host) is
+// entirely real.
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &env)) }
+
+// startControllerManager runs kube-controller-manager (the one
+// hack/k8s-bins.sh builds beside the apiserver) with the controllers a Job
+// needs; stop kills it by its process group and reaps it (before the
+// apiserver stops: its watches would hold the apiserver's shutdown up).
+func startControllerManager(e *testenv.Env) (stop func(), err error) {
+	bin := filepath.Join(e.AssetsDir, "kube-controller-manager")
+	if _, err := os.Stat(bin); err != nil {
+		return nil, fmt.Errorf("kube-controller-manager missing (hack/k8s-bins.sh builds it): %w", err)
+	}
+	logf, err := os.CreateTemp("", "kpssh-jobexec-kcm-*.log")
+	if err != nil {
+		return nil, err
+	}
+	kcm := exec.Command(bin, "--kubeconfig="+e.Kubeconfig, "--controllers=job,ttl-after-finished,garbagecollector",
+		"--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false", "--concurrent-job-syncs=2")
+	kcm.Stdout, kcm.Stderr = logf, logf
+	kcm.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := kcm.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		_ = kcm.Wait()
+		logf.Close()
+		os.Remove(logf.Name())
+	}()
+	return func() {
+		_ = syscall.Kill(-kcm.Process.Pid, syscall.SIGKILL)
+		<-exited
+	}, nil
+}
+
+func realWorld(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs a kube-apiserver, kube-controller-manager, systemd-nspawn hosts and ansible-playbook")
+	}
+	stop, err := startControllerManager(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+}
+
+// buildController builds cmd/controller (the binary of the phase pod).
+func buildController(t *testing.T) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "controller")
+	out, err := bounded(t, 10*time.Minute, root, nil, "go", "build", "-o", bin, "./cmd/controller")
+	if err != nil {
+		t.Fatalf("go build ./cmd/controller: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// bounded runs a command in its own process group, killed as a group at
+// the timeout, and reaped.
+func bounded(t *testing.T, d time.Duration, dir string, extraEnv []string, name string, args ...string) ([]byte, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), extraEnv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+	var b bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &b, &b
+	err := cmd.Run()
+	return b.Bytes(), err
+}
+
+func eventually(t *testing.T, what string, d time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s (last error: %v)", what, d, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// kubelet plays the kubelet for one Job's pod.
+type kubelet struct {
+	t          *testing.T
+	c          client.Client
+	controller string // the phase-run binary
+	root       string
+}
+
+// pod waits for the pod the Job controller made for job.
+func (k *kubelet) pod(job *batchv1.Job) *corev1.Pod {
+	k.t.Helper()
+	var pod *corev1.Pod
+	eventually(k.t, "pod of Job "+job.Name, 2*time.Minute, func() (bool, error) {
+		var l corev1.PodList
+		if err := k.c.List(context.Background(), &l, client.InNamespace(job.Namespace), client.MatchingLabels{jobexec.LabelRun: job.Name}); err != nil {
+			return false, err
+		}
+		for i := range l.Items {
+			for _, o := range l.Items[i].OwnerReferences {
+				if o.UID == job.UID && o.Controller != nil && *o.Controller {
+					pod = &l.Items[i]
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+	return pod
+}
+
+func (k *kubelet) setStatus(pod *corev1.Pod, phase corev1.PodPhase, st corev1.ContainerState) {
+	k.t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		cur := &corev1.Pod{}
+		if err := k.c.Get(context.Background(), client.ObjectKeyFromObject(pod), cur); err != nil {
+			return err
+		}
+		cur.Status.Phase = phase
+		cur.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: jobexec.ContainerName, Image: cur.Spec.Containers[0].Image, State: st,
+			Ready: st.Running != nil, Started: ptr.To(st.Running != nil)}}
+		return k.c.Status().Update(context.Background(), cur)
+	})
+	if err != nil {
+		k.t.Fatalf("pod %s status: %v", pod.Name, err)
+	}
+}
+
+// run runs the pod's container: its command, on the Secret volume's
+// content, then reports its end as the kubelet would.
+func (k *kubelet) run(pod *corev1.Pod) {
+	k.t.Helper()
+	k.setStatus(pod, corev1.PodRunning, corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}})
+	c := pod.Spec.Containers[0]
+	// The volume the kubelet would mount: the Secret named by the pod.
+	var secretName string
+	for _, v := range pod.Spec.Volumes {
+		if v.Secret != nil {
+			secretName = v.Secret.SecretName
+		}
+	}
+	var sec corev1.Secret
+	eventually(k.t, "inputs Secret "+secretName, time.Minute, func() (bool, error) {
+		err := k.c.Get(context.Background(), client.ObjectKey{Namespace: pod.Namespace, Name: secretName}, &sec)
+		return err == nil, err
+	})
+	dir := k.t.TempDir()
+	input := filepath.Join(dir, jobexec.InputKey)
+	if err := os.WriteFile(input, sec.Data[jobexec.InputKey], 0o400); err != nil {
+		k.t.Fatal(err)
+	}
+	term := filepath.Join(dir, "termination-log")
+	// The pod's command is tini -- /usr/local/bin/controller phase-run
+	// --input <mounted file>: the same binary and arguments, paths mapped.
+	if len(c.Command) < 4 || c.Command[2] != "/usr/local/bin/controller" || c.Command[3] != jobexec.PhaseRunCommand {
+		k.t.Fatalf("pod command %q", c.Command)
+	}
+	var args []string
+	for _, a := range c.Command[3:] {
+		if a == jobexec.InputDir+"/"+jobexec.InputKey {
+			a = input
+		}
+		args = append(args, a)
+	}
+	args = append(args, "--termination-log", term)
+	home := filepath.Join(dir, "home")
+	_ = os.Mkdir(home, 0o700)
+	out, err := bounded(k.t, 5*time.Minute, k.root, []string{"HOME=" + home}, k.controller, args...)
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		k.t.Fatalf("phase-run: %v\n%s", err, out)
+	}
+	k.t.Logf("phase-run exit %d:\n%s", code, out)
+	msg, _ := os.ReadFile(term)
+	if len(msg) > 4096 { // what the kubelet keeps
+		msg = msg[:4096]
+	}
+	phase, reason := corev1.PodSucceeded, "Completed"
+	if code != 0 {
+		phase, reason = corev1.PodFailed, "Error"
+	}
+	k.setStatus(pod, phase, corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: int32(code), Reason: reason, Message: string(msg),
+		StartedAt: metav1.Now(), FinishedAt: metav1.Now()}})
+}
+
+// start runs r on a new executor (a controller) in the background and waits
+// for its Job.
+func start(t *testing.T, ctx context.Context, e *jobexec.Executor, c client.Client, ns string, r engine.Request) (<-chan engine.Result, *batchv1.Job) {
+	t.Helper()
+	done := make(chan engine.Result, 1)
+	go func() { done <- e.Run(ctx, r) }()
+	job := &batchv1.Job{}
+	eventually(t, "Job", time.Minute, func() (bool, error) {
+		err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: jobexec.JobName(r.Phase, r.Key)}, job)
+		return err == nil, err
+	})
+	return done, job
+}
+
+func await(t *testing.T, done <-chan engine.Result) engine.Result {
+	t.Helper()
+	select {
+	case r := <-done:
+		return r
+	case <-time.After(3 * time.Minute):
+		t.Fatal("no result within 3 minutes")
+		return engine.Result{}
+	}
+}
+
+func TestJobOnRealAPIServer(t *testing.T) {
+	realWorld(t)
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	controller := buildController(t)
+	w := hostenv.Up(t, 1)
+	h := w.Host(0)
+	key, err := os.ReadFile(w.Inventory().ClientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ns := "jobexec-" + strings.ToLower(fmt.Sprint(time.Now().UnixNano()%1e6))
+	// Pods here must meet the restricted Pod Security Standard: the
+	// apiserver's PodSecurity admission refuses the Job controller's pod
+	// otherwise.
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{
+		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}}); err != nil {
+		t.Fatal(err)
+	}
+	// No service account controller here; the admission wants the account.
+	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	c, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newExec := func() *jobexec.Executor {
+		e, err := jobexec.New(c, jobexec.Options{Namespace: ns, Image: "localhost/kpssh-controller:dev", TTL: 3 * time.Second, PollInterval: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	kl := &kubelet{t: t, c: env.Client, controller: controller, root: root}
+	const token, secret = "abcdef.0123456789abcdef", "join-secret-value-42"
+	req := engine.Request{
+		Phase: engine.PhaseJoin,
+		Conn:  engine.Connection{Address: h.Address, Port: int32(h.Port), User: h.User, PrivateKey: key, HostKey: h.HostKey},
+		Source: engine.Source{Script: `set -eu
+[ "$KPSSH_BOOTSTRAP_TOKEN" = "` + token + `" ]
+[ "$KPSSH_SECRET_API" = "` + secret + `" ]
+echo "$KPSSH_NODE_NAME $KPSSH_VAR_GREETING" > /root/jobexec-proof
+`},
+		Context: engine.Context{BootstrapToken: token, NodeName: "node-1", HostAddress: h.Address, NodeAddress: h.Address,
+			ClusterEndpoint: "https://10.0.0.1:6443", ClusterCAB64: "Q0E=", ProviderID: "kpssh://kpssh-system/h1",
+			Vars: map[string]string{"GREETING": "hello-from-a-job"}, Secrets: map[string]string{"API": secret}},
+		Timeout: 3 * time.Minute,
+		Key:     "kpssh-system/h1/join/claim-uid-1",
+	}
+	name := jobexec.JobName(req.Phase, req.Key)
+
+	t.Run("create, restart, re-attach, result, cleanup", func(t *testing.T) {
+		kl.t = t
+		// The first controller starts the run, then dies.
+		ctx1, cancel := context.WithCancel(ctx)
+		first := make(chan engine.Result, 1)
+		go func() { first <- newExec().Run(ctx1, req) }()
+		var job batchv1.Job
+		var sec corev1.Secret
+		eventually(t, "Job and its inputs Secret", time.Minute, func() (bool, error) {
+			if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &job); err != nil {
+				return false, err
+			}
+			err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &sec)
+			return err == nil, err
+		})
+		if o := sec.OwnerReferences; len(o) != 1 || o[0].UID != job.UID || o[0].Kind != "Job" {
+			t.Fatalf("Secret owners %+v, want the Job %s", o, job.UID)
+		}
+		if job.Spec.TTLSecondsAfterFinished == nil || *job.Spec.TTLSecondsAfterFinished != 3 || *job.Spec.BackoffLimit != 0 || *job.Spec.ActiveDeadlineSeconds != 300 {
+			t.Fatalf("Job spec as stored: ttl %v backoff %v deadline %v", job.Spec.TTLSecondsAfterFinished, job.Spec.BackoffLimit, job.Spec.ActiveDeadlineSeconds)
+		}
+		pod := kl.pod(&job) // made by the real Job controller, admitted as restricted
+		// The admission is really enforcing: the same pod with one
+		// restricted rule broken is refused.
+		bad := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "bad-"}, Spec: *pod.Spec.DeepCopy()}
+		bad.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
+		if err := env.Client.Create(ctx, bad, client.DryRunAll); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "restricted") {
+			t.Fatalf("a pod breaking the restricted PSS: %v, want it refused", err)
+		}
+		cancel()
+		if r := <-first; r.Outcome != engine.TimedOut || !strings.Contains(r.Message, "keeps running") {
+			t.Fatalf("first controller: %+v", r)
+		}
+
+		// The restarted controller runs the same phase for the same claim.
+		second := make(chan engine.Result, 1)
+		go func() { second <- newExec().Run(ctx, req) }()
+		kl.run(pod)
+		res := await(t, second)
+		if res.Outcome != engine.Succeeded || !res.Touched {
+			t.Fatalf("result %+v", res)
+		}
+		var jobs batchv1.JobList
+		if err := env.Client.List(ctx, &jobs, client.InNamespace(ns), client.MatchingLabels{jobexec.LabelRun: name}); err != nil {
+			t.Fatal(err)
+		}
+		if len(jobs.Items) > 1 || (len(jobs.Items) == 1 && jobs.Items[0].UID != job.UID) {
+			t.Fatalf("a second Job was started: %d Jobs", len(jobs.Items))
+		}
+		if got := w.MustRun(0, "cat /root/jobexec-proof"); got != "node-1 hello-from-a-job" {
+			t.Fatalf("proof on the host: %q", got)
+		}
+		// The inputs go as soon as the result is read; the Job at its TTL
+		// (the real ttl-after-finished controller), its pod with it (the
+		// garbage collector).
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&sec), &corev1.Secret{}); !apierrors.IsNotFound(err) {
+			t.Errorf("inputs Secret after the result: %v", err)
+		}
+		eventually(t, "Job deleted by its TTL, pod collected", 2*time.Minute, func() (bool, error) {
+			err := env.Client.Get(ctx, client.ObjectKeyFromObject(&job), &batchv1.Job{})
+			if !apierrors.IsNotFound(err) {
+				return false, err
+			}
+			err = env.Client.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{})
+			return apierrors.IsNotFound(err), err
+		})
+	})
+
+	t.Run("failed phase, redacted", func(t *testing.T) {
+		kl.t = t
+		r := req
+		r.Key = "kpssh-system/h1/join/claim-uid-2"
+		r.Source.Script = `echo "leaking $KPSSH_SECRET_API and $KPSSH_BOOTSTRAP_TOKEN" >&2; exit 3`
+		done, job := start(t, ctx, newExec(), env.Client, ns, r)
+		kl.run(kl.pod(job))
+		res := await(t, done)
+		if res.Outcome != engine.Failed || res.RC != 3 || !res.Touched || res.FailedTask == "" {
+			t.Fatalf("result %+v", res)
+		}
+		if strings.Contains(res.Message, secret) || strings.Contains(res.Message, "0123456789abcdef") || !strings.Contains(res.Message, "leaking ***") {
+			t.Fatalf("message not redacted as expected: %q", res.Message)
+		}
+	})
+
+	t.Run("pod deleted before a result", func(t *testing.T) {
+		kl.t = t
+		r := req
+		r.Key = "kpssh-system/h1/join/claim-uid-3"
+		done, job := start(t, ctx, newExec(), env.Client, ns, r)
+		pod := kl.pod(job)
+		kl.setStatus(pod, corev1.PodRunning, corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}})
+		if err := env.Client.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil {
+			t.Fatal(err)
+		}
+		if res := await(t, done); res.Outcome != engine.Failed || !strings.Contains(res.Message, "without a result") {
+			t.Fatalf("result %+v", res)
+		}
+	})
+}
