@@ -219,21 +219,22 @@ func (e *Executor) run(ctx context.Context, req engine.Request) engine.Result {
 	if err != nil {
 		return configError("executor job: %v", err)
 	}
-	sum := sha256.Sum256(input)
-	digest := hex.EncodeToString(sum[:])
 	name := JobName(req.Phase, req.Key)
-	job, err := e.ensureJob(ctx, name, req, digest)
+	job, err := e.ensureJob(ctx, name, req, digest(input))
 	if err != nil {
 		if ctx.Err() != nil {
 			return canceled(ctx, name)
 		}
 		return apiFailure("starting Job "+name, err)
 	}
-	if err := e.ensureSecret(ctx, job, input); err != nil {
-		if ctx.Err() != nil {
-			return canceled(ctx, name)
+	// A Job re-attached to after it finished needs no inputs again.
+	if !finished(job) {
+		if err := e.ensureSecret(ctx, job, input); err != nil {
+			if ctx.Err() != nil {
+				return canceled(ctx, name)
+			}
+			return apiFailure("creating the inputs Secret of Job "+name, err)
 		}
-		return apiFailure("creating the inputs Secret of Job "+name, err)
 	}
 	res, done := e.wait(ctx, job)
 	if done {
@@ -313,7 +314,18 @@ func (e *Executor) removeStale(ctx context.Context, job *batchv1.Job) error {
 }
 
 func (e *Executor) ensureSecret(ctx context.Context, job *batchv1.Job, input []byte) error {
-	s := &corev1.Secret{
+	err := e.Client.Create(ctx, secretFor(job, input))
+	if apierrors.IsAlreadyExists(err) {
+		// Re-attached: the Secret of this Job was made before (its name
+		// follows the Job's, the inputs are the same by the digest).
+		return nil
+	}
+	return err
+}
+
+// secretFor is the inputs Secret of job, owned by it.
+func secretFor(job *batchv1.Job, input []byte) *corev1.Secret {
+	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: job.Name, Namespace: job.Namespace,
 			Labels: map[string]string{LabelManagedBy: ManagedBy, LabelRun: job.Name},
@@ -324,13 +336,6 @@ func (e *Executor) ensureSecret(ctx context.Context, job *batchv1.Job, input []b
 		Type:      corev1.SecretTypeOpaque,
 		Data:      map[string][]byte{InputKey: input},
 	}
-	err := e.Client.Create(ctx, s)
-	if apierrors.IsAlreadyExists(err) {
-		// Re-attached: the Secret of this Job was made before (its name
-		// follows the Job's, the inputs are the same by the digest).
-		return nil
-	}
-	return err
 }
 
 func (e *Executor) deleteSecret(ctx context.Context, job *batchv1.Job) error {
@@ -339,6 +344,24 @@ func (e *Executor) deleteSecret(ctx context.Context, job *batchv1.Job) error {
 		return err
 	}
 	return nil
+}
+
+// Render returns the Job and inputs Secret that Run would create for req,
+// without creating anything (the Secret holds the request: handle it as one).
+func (e *Executor) Render(req engine.Request) (*batchv1.Job, *corev1.Secret, error) {
+	input, err := EncodeInput(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	job := e.jobFor(JobName(req.Phase, req.Key), req, digest(input))
+	return job, secretFor(job, input), nil
+}
+
+// digest identifies a run's inputs on its Job (a SHA-256 of the Secret's
+// content: it includes the private key, so it reveals nothing guessable).
+func digest(input []byte) string {
+	sum := sha256.Sum256(input)
+	return hex.EncodeToString(sum[:])
 }
 
 // jobFor is the Job of one run.
@@ -434,6 +457,7 @@ func (e *Executor) wait(ctx context.Context, job *batchv1.Job) (res engine.Resul
 	}
 	deadline = deadline.Add(time.Duration(*job.Spec.ActiveDeadlineSeconds)*time.Second + time.Minute)
 	var pullSince time.Time
+	last := "" // the last account of a run not done, for timeouts
 	for {
 		cur := &batchv1.Job{}
 		err := e.Client.Get(ctx, client.ObjectKeyFromObject(job), cur)
@@ -450,8 +474,12 @@ func (e *Executor) wait(ctx context.Context, job *batchv1.Job) (res engine.Resul
 		if err == nil && perr == nil {
 			st := judge(cur, pods, e.now())
 			if st.done {
+				if st.res.Outcome == engine.TimedOut && last != "" {
+					st.res.Message += " (last seen: " + last + ")"
+				}
 				return st.res, true
 			}
+			last = st.status
 			if st.pulling != "" {
 				if pullSince.IsZero() {
 					pullSince = e.now()
@@ -471,6 +499,10 @@ func (e *Executor) wait(ctx context.Context, job *batchv1.Job) (res engine.Resul
 		}
 		e.waitEvent(ctx, job, rv)
 	}
+}
+
+func finished(job *batchv1.Job) bool {
+	return jobCondition(job, batchv1.JobComplete) != nil || jobCondition(job, batchv1.JobFailed) != nil
 }
 
 // abandon deletes a Job the executor gives up on (its pod with it).
