@@ -55,8 +55,8 @@ type verifiedRun struct {
 	dir                  string
 	kpssh                string // the kpssh CLI built from this checkout
 	login, signer, rogue sigKey
-	goodProfile          string // file: the profile signed by signer
-	rogueProfile         string // file: the same profile signed by rogue
+	goodProfile          string            // file: the profile signed by signer
+	rogueProfile         string            // file: the same profile signed by rogue
 	issued               map[string]string // phase → issued-at of signer's manifests
 }
 
@@ -325,8 +325,10 @@ func (v *verifiedRun) journalCount(comm, s string) int {
 	return n
 }
 
-func (v *verifiedRun) kpsshLogins() int { return v.journalCount("sshd", "Accepted publickey for kpssh ") }
-func (v *verifiedRun) shimRuns() int    { return v.journalCount("sudo", shimSudoLine) }
+func (v *verifiedRun) kpsshLogins() int {
+	return v.journalCount("sshd", "Accepted publickey for kpssh ")
+}
+func (v *verifiedRun) shimRuns() int { return v.journalCount("sudo", shimSudoLine) }
 
 // shimState is what the shim recorded for a phase of the verified profile
 // ("" when it never accepted one).
