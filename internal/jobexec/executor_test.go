@@ -370,3 +370,28 @@ func TestRunRefusesBadRequests(t *testing.T) {
 		}
 	}
 }
+
+func TestRenderPlacement(t *testing.T) {
+	fc := newFake(t)
+	e, err := New(fc, Options{Namespace: ns, Image: "x", NodeSelector: map[string]string{"kubernetes.io/hostname": "h1"}, AllowManagedNodes: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, sec, err := e.Render(request())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := job.Spec.Template.Spec
+	if ps.Affinity != nil || ps.NodeSelector["kubernetes.io/hostname"] != "h1" {
+		t.Errorf("placement: affinity %+v selector %v", ps.Affinity, ps.NodeSelector)
+	}
+	if sec.Name != job.Name || len(sec.Data[InputKey]) == 0 {
+		t.Errorf("rendered Secret %s", sec.Name)
+	}
+	if fc.jobCreates.Load() != 0 {
+		t.Error("Render created a Job")
+	}
+	if _, err := New(fc, Options{Namespace: ns, Image: "x", NodeSelector: map[string]string{"bad key": "v"}}); err == nil {
+		t.Error("a bad node selector was accepted")
+	}
+}

@@ -97,6 +97,13 @@ type Options struct {
 	PollInterval time.Duration
 	// ImagePullSecrets of the phase pod.
 	ImagePullSecrets []string
+	// NodeSelector of the phase pod.
+	NodeSelector map[string]string
+	// AllowManagedNodes drops the rule that keeps phase pods off the nodes
+	// kpssh manages (for clusters where those are the only workers: pin the
+	// pods with NodeSelector, or a leave may stop the kubelet under its own
+	// pod).
+	AllowManagedNodes bool
 }
 
 // Executor runs phases as Jobs.
@@ -138,6 +145,11 @@ func New(c client.WithWatch, o Options) (*Executor, error) {
 	mem, err := resource.ParseQuantity(o.MemoryLimit)
 	if err != nil || mem.Sign() <= 0 {
 		return nil, fmt.Errorf("jobexec: memory limit %q is not a positive quantity", o.MemoryLimit)
+	}
+	for k, v := range o.NodeSelector {
+		if errs := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...); len(errs) > 0 {
+			return nil, fmt.Errorf("jobexec: node selector %s=%s: %s", k, v, strings.Join(errs, "; "))
+		}
 	}
 	for d, def := range map[*time.Duration]time.Duration{&o.DefaultTimeout: engine.DefaultTimeout, &o.StartGrace: DefaultStartGrace,
 		&o.PullGrace: DefaultPullGrace, &o.PollInterval: DefaultPollInterval} {
@@ -397,11 +409,8 @@ func (e *Executor) jobFor(name string, req engine.Request, digest string) *batch
 					HostNetwork:                   e.Opts.HostNetwork,
 					ImagePullSecrets:              pullSecrets,
 					TerminationGracePeriodSeconds: ptr.To[int64](30),
-					Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
-						RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-							MatchExpressions: []corev1.NodeSelectorRequirement{{Key: managedNodeLabel, Operator: corev1.NodeSelectorOpDoesNotExist}},
-						}}},
-					}},
+					Affinity:                      e.affinity(),
+					NodeSelector:                  e.Opts.NodeSelector,
 					// Restricted Pod Security Standard. fsGroup makes the
 					// Secret's files (0400) group-readable for the user.
 					SecurityContext: &corev1.PodSecurityContext{
@@ -443,6 +452,18 @@ func (e *Executor) jobFor(name string, req engine.Request, digest string) *batch
 			},
 		},
 	}
+}
+
+// affinity keeps phase pods off kpssh's own nodes unless allowed.
+func (e *Executor) affinity() *corev1.Affinity {
+	if e.Opts.AllowManagedNodes {
+		return nil
+	}
+	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: managedNodeLabel, Operator: corev1.NodeSelectorOpDoesNotExist}},
+		}}},
+	}}
 }
 
 // wait follows the Job until it has a result. done reports that the run is

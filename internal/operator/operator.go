@@ -128,9 +128,14 @@ func executor(o *options.Options, op *coreoperator.Operator) (engine.Engine, err
 	if err != nil {
 		return nil, fmt.Errorf("executor job: %w", err)
 	}
+	sel, err := o.NodeSelector()
+	if err != nil {
+		return nil, err
+	}
 	return jobexec.New(c, jobexec.Options{
 		Namespace: o.JobNamespace, Image: o.JobImage, ImagePullPolicy: corev1.PullPolicy(o.JobImagePullPolicy),
 		TTL: o.JobTTL, HostNetwork: o.JobHostNetwork, MemoryLimit: o.JobMemoryLimit,
+		NodeSelector: sel, AllowManagedNodes: o.JobAllowManagedNodes,
 	})
 }
 

@@ -334,7 +334,8 @@ func TestDeployment(t *testing.T) {
 			memory         string
 		}{
 			{[]string{"executor=job"}, "kpssh", "", "15m0s", false, "512Mi"}, // image "": the controller's
-			{[]string{"executor=job", "jobExecutor.namespace=phases", "jobExecutor.image=reg.example/kpssh-controller:1", "jobExecutor.ttl=1h", "jobExecutor.hostNetwork=true", "jobExecutor.memoryLimit=1Gi"},
+			{[]string{"executor=job", "jobExecutor.namespace=phases", "jobExecutor.image=reg.example/kpssh-controller:1", "jobExecutor.ttl=1h", "jobExecutor.hostNetwork=true", "jobExecutor.memoryLimit=1Gi",
+				"jobExecutor.nodeSelector.pool=ops", "jobExecutor.nodeSelector.zone=a", "jobExecutor.allowManagedNodes=true"},
 				"phases", "reg.example/kpssh-controller:1", "1h0m0s", true, "1Gi"},
 		} {
 			objs := w.template(t, "--set", strings.Join(tc.set, ","))
@@ -348,6 +349,9 @@ func TestDeployment(t *testing.T) {
 			}
 			if o.Executor != options.ExecutorJob || o.JobNamespace != tc.ns || o.JobImage != tc.image || o.JobTTL.String() != tc.ttl || o.JobHostNetwork != tc.hostNet || o.JobMemoryLimit != tc.memory || o.JobImagePullPolicy != "IfNotPresent" {
 				t.Errorf("%v: parsed %+v", tc.set, o)
+			}
+			if sel, err := o.NodeSelector(); err != nil || (tc.hostNet && (len(sel) != 2 || sel["pool"] != "ops" || sel["zone"] != "a" || !o.JobAllowManagedNodes)) || (!tc.hostNet && (sel != nil || o.JobAllowManagedNodes)) {
+				t.Errorf("%v: placement %v %v, allow managed %v", tc.set, sel, err, o.JobAllowManagedNodes)
 			}
 			if find(objs, "Role", tc.ns, "kpssh-job-executor") == nil || find(objs, "RoleBinding", tc.ns, "kpssh-job-executor") == nil {
 				t.Errorf("%v: no Job executor Role/RoleBinding in %s", tc.set, tc.ns)

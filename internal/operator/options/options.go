@@ -48,6 +48,10 @@ type Options struct {
 	JobTTL             time.Duration
 	JobHostNetwork     bool
 	JobMemoryLimit     string
+	// JobNodeSelector ("k=v,k2=v2") pins phase pods; JobAllowManagedNodes
+	// lets them run on nodes kpssh manages.
+	JobNodeSelector      string
+	JobAllowManagedNodes bool
 }
 
 // Executors.
@@ -70,6 +74,30 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 	fs.DurationVar(&o.JobTTL, "job-ttl", env.WithDefaultDuration("JOB_TTL", 15*time.Minute), "Executor job: a finished Job (and its log) is deleted after this")
 	fs.BoolVarWithEnv(&o.JobHostNetwork, "job-host-network", "JOB_HOST_NETWORK", false, "Executor job: run phase pods in the node's network (hosts not reachable from the pod network)")
 	fs.StringVar(&o.JobMemoryLimit, "job-memory-limit", env.WithDefaultString("JOB_MEMORY_LIMIT", "512Mi"), "Executor job: memory limit of a phase pod")
+	fs.StringVar(&o.JobNodeSelector, "job-node-selector", env.WithDefaultString("JOB_NODE_SELECTOR", ""), "Executor job: node selector of phase pods (k=v,k2=v2)")
+	fs.BoolVarWithEnv(&o.JobAllowManagedNodes, "job-allow-managed-nodes", "JOB_ALLOW_MANAGED_NODES", false, "Executor job: let phase pods run on nodes kpssh manages (pin them with job-node-selector: a leave may stop the kubelet under its own pod)")
+}
+
+// NodeSelector parses JobNodeSelector ("k=v,k2=v2"; "" is none).
+func (o *Options) NodeSelector() (map[string]string, error) {
+	if strings.TrimSpace(o.JobNodeSelector) == "" {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, kv := range strings.Split(o.JobNodeSelector, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return nil, fmt.Errorf("job-node-selector: %q is not key=value", kv)
+		}
+		if e := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...); len(e) > 0 {
+			return nil, fmt.Errorf("job-node-selector %s=%s: %s", k, v, strings.Join(e, "; "))
+		}
+		if _, dup := m[k]; dup {
+			return nil, fmt.Errorf("job-node-selector: %s given twice", k)
+		}
+		m[k] = v
+	}
+	return m, nil
 }
 
 // Parse implements coreoptions.Injectable.
@@ -130,6 +158,9 @@ func (o *Options) validateJob() []error {
 	}
 	if q, err := resource.ParseQuantity(o.JobMemoryLimit); err != nil || q.Sign() <= 0 {
 		errs = append(errs, fmt.Errorf("job-memory-limit %q is not a positive quantity", o.JobMemoryLimit))
+	}
+	if _, err := o.NodeSelector(); err != nil {
+		errs = append(errs, err)
 	}
 	return errs
 }

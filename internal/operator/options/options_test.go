@@ -36,6 +36,10 @@ func TestValidateExecutor(t *testing.T) {
 		{"job ttl", job(func(o *Options) { o.JobTTL = 0 }), "job-ttl 0s is below 1s"},
 		{"job memory", job(func(o *Options) { o.JobMemoryLimit = "lots" }), `job-memory-limit "lots"`},
 		{"job memory zero", job(func(o *Options) { o.JobMemoryLimit = "0" }), `job-memory-limit "0"`},
+		{"job node selector", job(func(o *Options) { o.JobNodeSelector = "kubernetes.io/hostname=h1, pool=a" }), ""},
+		{"job node selector not k=v", job(func(o *Options) { o.JobNodeSelector = "h1" }), `"h1" is not key=value`},
+		{"job node selector bad key", job(func(o *Options) { o.JobNodeSelector = "bad key=x" }), "job-node-selector bad key=x"},
+		{"job node selector twice", job(func(o *Options) { o.JobNodeSelector = "a=1,a=2" }), "a given twice"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -50,5 +54,16 @@ func TestValidateExecutor(t *testing.T) {
 				t.Fatalf("err %v, want %q", err, c.want)
 			}
 		})
+	}
+}
+
+func TestNodeSelector(t *testing.T) {
+	o := Options{JobNodeSelector: " kubernetes.io/hostname=h1 ,pool=a"}
+	m, err := o.NodeSelector()
+	if err != nil || len(m) != 2 || m["kubernetes.io/hostname"] != "h1" || m["pool"] != "a" {
+		t.Fatalf("%v %v", m, err)
+	}
+	if m, err := (&Options{}).NodeSelector(); m != nil || err != nil {
+		t.Fatalf("empty: %v %v", m, err)
 	}
 }
