@@ -36,10 +36,12 @@ type joinRun struct {
 	launched      time.Duration // NodeClaim Launched=True
 	registered    time.Duration // Node with the host's providerID exists
 	ready         time.Duration // that Node Ready=True
+	initialized   time.Duration // NodeClaim Initialized=True (Karpenter done)
 	installPhase  time.Duration // status.lastPhase durations
 	joinPhase     time.Duration
 	leaveToAvail  time.Duration // NodeClaim deleted → every host Available (500 ms polling)
 	watchRestarts int           // watches the server closed and we opened again
+	attempts      int           // NodeClaims deleted before Ready (a failed launch) and replaced
 }
 
 // BenchmarkJoinTimeline prices a join on the e2e world (3 nspawn hosts,
@@ -112,8 +114,8 @@ func BenchmarkJoinTimeline(b *testing.B) {
 }
 
 func (r joinRun) String() string {
-	return fmt.Sprintf("%s fresh=%v install=%v scaled→created %v | created → claimed +%v, launched +%v, registered +%v, ready +%v | install %v, join %v | leave → Available %v | watch restarts %d",
-		r.host, r.fresh, r.install, ms(r.created), ms(r.claimed), ms(r.launched), ms(r.registered), ms(r.ready), ms(r.installPhase), ms(r.joinPhase), ms(r.leaveToAvail), r.watchRestarts)
+	return fmt.Sprintf("%s fresh=%v install=%v scaled→created %v | created → claimed +%v, launched +%v, registered +%v, ready +%v, initialized +%v | install %v, join %v | leave → Available %v | watch restarts %d, replaced claims %d",
+		r.host, r.fresh, r.install, ms(r.created), ms(r.claimed), ms(r.launched), ms(r.registered), ms(r.ready), ms(r.initialized), ms(r.installPhase), ms(r.joinPhase), ms(r.leaveToAvail), r.watchRestarts, r.attempts)
 }
 
 func ms(d time.Duration) time.Duration { return d.Round(10 * time.Millisecond) }
@@ -199,7 +201,7 @@ func (w *world) timedJoin(wc client.WithWatch, marker string) joinRun {
 
 	var r joinRun
 	var claim string
-	var t0, claimed, launched time.Time
+	var t0, claimed, launched, initialized time.Time
 	nodeSeen, nodeReadyAt := map[string]time.Time{}, map[string]time.Time{}
 	for {
 		var o observation
@@ -210,12 +212,28 @@ func (w *world) timedJoin(wc client.WithWatch, marker string) joinRun {
 		}
 		switch x := o.obj.(type) {
 		case *karpv1.NodeClaim:
+			if x.Name == claim && x.DeletionTimestamp != nil {
+				// Launch failed and Karpenter gave up on this claim; its
+				// replacement carries the run on (t0 stays the first).
+				r.attempts++
+				claim, r.host = "", ""
+				claimed, launched, initialized = time.Time{}, time.Time{}, time.Time{}
+				continue
+			}
 			if claim == "" && x.DeletionTimestamp == nil {
-				claim, t0 = x.Name, o.at
+				claim = x.Name
+				if t0.IsZero() {
+					t0 = o.at
+				}
 			}
 			if x.Name == claim && launched.IsZero() {
 				if c := x.StatusConditions().Get(karpv1.ConditionTypeLaunched); c != nil && c.IsTrue() {
 					launched = o.at
+				}
+			}
+			if x.Name == claim && initialized.IsZero() {
+				if c := x.StatusConditions().Get(karpv1.ConditionTypeInitialized); c != nil && c.IsTrue() {
+					initialized = o.at
 				}
 			}
 		case *v1beta1.SSHHost:
@@ -245,9 +263,11 @@ func (w *world) timedJoin(wc client.WithWatch, marker string) joinRun {
 			}
 		}
 		pid := "kpssh://" + poolNS + "/" + r.host
-		if ready, ok := nodeReadyAt[pid]; ok && r.host != "" && !launched.IsZero() {
+		// Until Karpenter is done with the claim too: one deleted before
+		// Karpenter marked it Registered leaves its Node behind.
+		if ready, ok := nodeReadyAt[pid]; ok && r.host != "" && !launched.IsZero() && !initialized.IsZero() {
 			r.created, r.claimed, r.launched = t0.Sub(scaled), claimed.Sub(t0), launched.Sub(t0)
-			r.registered, r.ready = nodeSeen[pid].Sub(t0), ready.Sub(t0)
+			r.registered, r.ready, r.initialized = nodeSeen[pid].Sub(t0), ready.Sub(t0), initialized.Sub(t0)
 			break
 		}
 	}
@@ -294,6 +314,7 @@ func report(b *testing.B, res map[string][]joinRun, runs int) {
 		{"launched", func(r joinRun) time.Duration { return r.launched }, false},
 		{"registered", func(r joinRun) time.Duration { return r.registered }, false},
 		{"ready", func(r joinRun) time.Duration { return r.ready }, true},
+		{"initialized", func(r joinRun) time.Duration { return r.initialized }, false},
 		{"install", func(r joinRun) time.Duration { return r.installPhase }, true},
 		{"join", func(r joinRun) time.Duration { return r.joinPhase }, true},
 		{"leave", func(r joinRun) time.Duration { return r.leaveToAvail }, false},
@@ -305,7 +326,8 @@ join timeline, median of %d runs each (seconds)
   claimed … ready: since the NodeClaim's first watch event; each step is time.Now() at the
     first watch event showing it (NodeClaims, SSHHosts, Nodes watched; no polling):
     claimed = SSHHost status.claimRef is the claim, launched = NodeClaim Launched=True,
-    registered = the Node with the host's providerID exists, ready = its Ready=True
+    registered = the Node with the host's providerID exists, ready = its Ready=True,
+    initialized = NodeClaim Initialized=True (the run waits for it before tearing down)
   install, join: the phases' own durations (SSHHost status.lastPhase)
   leave: NodeClaim deleted → every host Available (500 ms polling)
   scale→NC: workload scaled to 1 → NodeClaim first seen (Karpenter's batching)
@@ -332,7 +354,15 @@ join timeline, median of %d runs each (seconds)
 		fmt.Fprintln(tw)
 	}
 	_ = tw.Flush()
-	ready := func(k string) time.Duration { return pick(res[k], cols[3].f) }
+	col := func(k, name string) time.Duration {
+		for _, c := range cols {
+			if c.name == name {
+				return pick(res[k], c.f)
+			}
+		}
+		panic("no column " + name)
+	}
+	ready := func(k string) time.Duration { return col(k, "ready") }
 	ratio := func(what, a, c string, x, y time.Duration) {
 		fmt.Fprintf(&sb, "  %-34s %s / %s = %.2f s / %.2f s = %.2f\n", what, a, c, x.Seconds(), y.Seconds(), x.Seconds()/y.Seconds())
 	}
@@ -341,8 +371,8 @@ join timeline, median of %d runs each (seconds)
 	ratio("warm/cold to Ready, role", "role/warm", "role/cold", ready("role/warm"), ready("role/cold"))
 	ratio("role/script cold to Ready", "role/cold", "script/cold", ready("role/cold"), ready("script/cold"))
 	ratio("role/script warm to Ready", "role/warm", "script/warm", ready("role/warm"), ready("script/warm"))
-	ratio("role/script install phase", "role", "script", pick(res["role/cold"], cols[4].f), pick(res["script/cold"], cols[4].f))
-	ratio("role/script join phase (warm)", "role", "script", pick(res["role/warm"], cols[5].f), pick(res["script/warm"], cols[5].f))
+	ratio("role/script install phase", "role", "script", col("role/cold", "install"), col("script/cold", "install"))
+	ratio("role/script join phase (warm)", "role", "script", col("role/warm", "join"), col("script/warm", "join"))
 	for _, p := range []string{"script", "role"} {
 		v := "met"
 		if ready(p+"/warm") > 10*time.Second {

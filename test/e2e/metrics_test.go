@@ -226,6 +226,15 @@ func metrics(w *world, st *state) {
 		}
 		return len(r) == 1 && r[0].value() == "1", fmt.Sprintf("%v", r)
 	})
+	// One target across controller restarts: the scraped process changed.
+	if w.ctrl.runs > 1 {
+		r, err := p.query(`changes(process_start_time_seconds{job="kpssh"}[1h])`)
+		if err != nil || len(r) != 1 || r[0].value() == "0" {
+			w.t.Errorf("controller started %d times, Prometheus saw no restart on its one target: %v %v", w.ctrl.runs, r, err)
+		} else {
+			w.t.Logf("controller started %d times; restarts seen on the one scrape target: %s", w.ctrl.runs, r[0].value())
+		}
+	}
 	if r, err := p.query(`kpssh_instance_phase_duration_seconds_count{phase="join"}`); err != nil || len(r) == 0 {
 		w.t.Logf("no join recorded yet (%v): one join and leave first", err)
 		w.scale(1)
