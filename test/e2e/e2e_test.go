@@ -47,6 +47,7 @@ func TestE2E(t *testing.T) {
 		{"CrashResume", crashResume},
 		{"RoleProfile", roleProfile},
 		{"Verified", verified},
+		{"JobExec", jobExec}, // jobexec_test.go
 		{"Metrics", metrics}, // last: reads what the others left in Prometheus
 	}
 	failed := ""

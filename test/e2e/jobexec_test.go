@@ -1,0 +1,190 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/jobexec"
+)
+
+// jobNS holds the phase Jobs of the JobExec scenario.
+const jobNS = "kpssh-jobs"
+
+// jobExec runs executor job for real: the controller image (built here,
+// registry-free) is imported into a joined node's containerd, the controller
+// restarts with EXECUTOR=job pinned to that node (host network: the pod
+// reaches the other hosts' sshd over the world's bridge), and the next host
+// joins through phase Jobs run by that real kubelet. The controller goes
+// back to the local executor for the scale-down (a leave Job for the pinned
+// node's own host would stop the kubelet under its pod).
+func jobExec(w *world, _ *state) {
+	img := controllerImage(w)
+	w.scale(1)
+	a, _ := w.joined("")
+	ai := w.hostIndex(a.Name)
+	importImage(w, ai, img)
+
+	if _, err := w.kubectl("create", "namespace", jobNS); err != nil && !strings.Contains(err.Error(), "AlreadyExists") {
+		w.t.Fatal(err)
+	}
+	local := w.ctrl.env
+	restart := func(env []string) {
+		w.ctrl.stop()
+		w.ctrl.env = env
+		w.ctrl.start()
+	}
+	restart(append(append([]string{}, local...), "EXECUTOR=job", "JOB_NAMESPACE="+jobNS, "JOB_IMAGE="+img,
+		"JOB_IMAGE_PULL_POLICY=Never", "JOB_HOST_NETWORK=true", "JOB_ALLOW_MANAGED_NODES=true",
+		"JOB_NODE_SELECTOR=kubernetes.io/hostname="+a.Name))
+	restored := false
+	defer func() {
+		if !restored {
+			restart(local)
+		}
+	}()
+
+	// The second host joins through Jobs on a's kubelet.
+	w.scale(2)
+	var b *v1beta1.SSHHost
+	w.eventually("a second host joined through phase Jobs", 8*time.Minute, func() (bool, string) {
+		for _, h := range w.sshHosts() {
+			if h.Name == a.Name || h.Status.State != v1beta1.HostInUse {
+				continue
+			}
+			n := &corev1.Node{}
+			if err := w.kube.Get(context.Background(), client.ObjectKey{Name: h.Name}, n); err != nil || !nodeReady(n) {
+				return false, fmt.Sprintf("host %s InUse, node not Ready yet (%v)", h.Name, err)
+			}
+			b = &h
+			return true, ""
+		}
+		jobs, _ := w.kubectl("-n", jobNS, "get", "pods", "-o", "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase", "--no-headers")
+		return false, "no second host InUse; phase pods: " + strings.Join(strings.Fields(jobs), " ")
+	})
+	// The Job controller marks the Jobs complete a moment after the
+	// executor has read the result from the pod.
+	w.eventually("the phase Jobs complete", 2*time.Minute, func() (bool, string) {
+		var jobs batchv1.JobList
+		if err := w.kube.List(context.Background(), &jobs, client.InNamespace(jobNS)); err != nil {
+			return false, err.Error()
+		}
+		for _, j := range jobs.Items {
+			if j.Status.Succeeded != 1 && j.Status.Failed == 0 {
+				return false, "Job " + j.Name + " not complete yet"
+			}
+		}
+		return len(jobs.Items) > 0, "no Jobs"
+	})
+
+	// What ran: a join Job (and an install Job when b had no install cache)
+	// for b, completed, its pod on a's node, its inputs Secret gone.
+	var jobs batchv1.JobList
+	if err := w.kube.List(context.Background(), &jobs, client.InNamespace(jobNS)); err != nil {
+		w.t.Fatal(err)
+	}
+	phases := map[string]bool{}
+	for _, j := range jobs.Items {
+		key := j.Annotations[jobexec.AnnotationKey]
+		if !strings.Contains(key, "/"+b.Name+"/") {
+			w.t.Errorf("Job %s has run key %q, not one of host %s", j.Name, key, b.Name)
+			continue
+		}
+		ph := j.Labels[jobexec.LabelPhase]
+		phases[ph] = true
+		if j.Status.Succeeded != 1 {
+			w.t.Errorf("Job %s (%s): succeeded %d, conditions %+v", j.Name, ph, j.Status.Succeeded, j.Status.Conditions)
+		}
+		var pods corev1.PodList
+		if err := w.kube.List(context.Background(), &pods, client.InNamespace(jobNS), client.MatchingLabels{jobexec.LabelRun: j.Name}); err != nil {
+			w.t.Fatal(err)
+		}
+		for _, p := range pods.Items {
+			cs := p.Status.ContainerStatuses
+			if p.Spec.NodeName != a.Name || len(cs) != 1 || cs[0].State.Terminated == nil {
+				w.t.Errorf("pod %s on %q: %+v", p.Name, p.Spec.NodeName, cs)
+				continue
+			}
+			r, err := jobexec.ParseResult(cs[0].State.Terminated.Message)
+			w.t.Logf("Job %s (%s) on node %s: %s in %v (%v)", j.Name, ph, p.Spec.NodeName, r.Outcome, r.Duration, err)
+		}
+		if len(pods.Items) != 1 {
+			w.t.Errorf("Job %s: %d pods", j.Name, len(pods.Items))
+		}
+	}
+	if !phases["join"] {
+		w.t.Errorf("no join Job for %s (phases %v)", b.Name, phases)
+	}
+	var secrets corev1.SecretList
+	if err := w.kube.List(context.Background(), &secrets, client.InNamespace(jobNS), client.MatchingLabels{jobexec.LabelManagedBy: jobexec.ManagedBy}); err != nil {
+		w.t.Fatal(err)
+	}
+	if len(secrets.Items) != 0 {
+		w.t.Errorf("%d inputs Secrets left after the phases", len(secrets.Items))
+	}
+
+	// Back to the local executor; the image leaves a's containerd; scale down.
+	restart(local)
+	restored = true
+	if out, _, err := w.hosts.Run(ai, "ctr -n k8s.io images rm "+img); err != nil {
+		w.t.Errorf("removing the image from %s: %v %s", a.Name, err, out)
+	}
+	w.mustKubectl("delete", "namespace", jobNS, "--wait=false")
+	w.scale(0)
+	w.allLeft("both hosts left")
+}
+
+// controllerImage builds the controller image (registry-free, cached by
+// key) and returns its ref.
+func controllerImage(w *world) string {
+	w.t.Helper()
+	out, err := script(context.Background(), w.repo, nil, 40*time.Minute, "runner-image.sh", "--controller")
+	if err != nil {
+		w.t.Fatalf("hack/runner-image.sh --controller: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	ref := strings.TrimSpace(lines[len(lines)-1])
+	if !strings.HasPrefix(ref, "localhost/kpssh-controller:") {
+		w.t.Fatalf("hack/runner-image.sh --controller printed %q last", ref)
+	}
+	return ref
+}
+
+// importImage copies the image into host i's containerd (namespace k8s.io,
+// where the kubelet looks): podman save here, ctr import there.
+func importImage(w *world, i int, ref string) {
+	w.t.Helper()
+	tar := filepath.Join(w.t.TempDir(), "controller.tar")
+	if _, err := script(context.Background(), w.repo, nil, 10*time.Minute, "runner-image.sh", "podman", "save", "-o", tar, ref); err != nil {
+		w.t.Fatalf("podman save %s: %v", ref, err)
+	}
+	f, err := os.Open(tar)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ssh", append(w.hosts.SSHArgs(i), "--", "ctr -n k8s.io images import -")...)
+	cmd.Stdin = f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		w.t.Fatalf("ctr import on host %d: %v\n%s", i, err, tail(string(out), 2000))
+	}
+	w.t.Logf("image %s imported into host %d's containerd in %v", ref, i, time.Since(start).Round(time.Millisecond))
+}
