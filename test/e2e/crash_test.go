@@ -191,12 +191,19 @@ func (w *world) crashUp(p crashPoint) int {
 		csrs := w.clientCSRs()
 		nodes := w.watchNodes()
 		w.scale(1)
-		hit := w.crashAt(p, func(s snapshot) bool {
+		hit, at := w.crashAt(p, func(s snapshot) bool {
 			return s.host != nil && s.host.Status.State == v1beta1.HostInUse && s.node != nil && nodeReady(s.node)
 		})
-		host, _ := w.joined("")
+		crashed := time.Now()
+		host, claim := w.joined("")
 		w.resumedCreate(p.name, host, csrs, nodes.stop())
 		if hit {
+			// The resume finished the launch it interrupted: the same
+			// claim on the same host, not a failed one replaced.
+			if at.host == nil || at.claim == nil || at.host.Name != host.Name || at.claim.UID != claim.UID {
+				w.t.Errorf("%s: crashed at %s, but %s joined as claim %s", p.name, at, host.Name, claim.Name)
+			}
+			w.t.Logf("crash %s: resumed to Ready and checked %v after the SIGKILL", p.name, time.Since(crashed).Round(100*time.Millisecond))
 			return 1
 		}
 		w.t.Logf("crash %s: missed (attempt %d), again", p.name, a)
@@ -216,10 +223,12 @@ func (w *world) crashDown(p crashPoint) int {
 			w.joined("")
 		}
 		w.deleteClaims()
-		hit := w.crashAt(p, func(s snapshot) bool { return s.host == nil })
+		hit, _ := w.crashAt(p, func(s snapshot) bool { return s.host == nil })
+		crashed := time.Now()
 		w.allLeft(p.name + ": converged after the crash")
 		w.noPhaseLeft(p.name)
 		if hit {
+			w.t.Logf("crash %s: all hosts Available and checked %v after the SIGKILL", p.name, time.Since(crashed).Round(100*time.Millisecond))
 			return 1
 		}
 		w.t.Logf("crash %s: missed (attempt %d), again", p.name, a)
@@ -228,9 +237,9 @@ func (w *world) crashDown(p crashPoint) int {
 	return 0
 }
 
-// crashAt polls snapshots until p hits (crash, restart: true) or passed
-// says the flow went beyond it (false).
-func (w *world) crashAt(p crashPoint, passed func(snapshot) bool) bool {
+// crashAt polls snapshots until p hits (crash, restart: true and the
+// snapshot crashed at) or passed says the flow went beyond it (false).
+func (w *world) crashAt(p crashPoint, passed func(snapshot) bool) (bool, snapshot) {
 	w.t.Helper()
 	hit := p.hit()
 	deadline := time.Now().Add(4 * time.Minute)
@@ -247,15 +256,15 @@ func (w *world) crashAt(p crashPoint, passed func(snapshot) bool) bool {
 			w.ctrl.kill(syscall.SIGKILL)
 			w.t.Logf("crash %s: SIGKILLed the controller at %s", p.name, s)
 			w.ctrl.start()
-			return true
+			return true, s
 		}
 		if passed(s) {
-			return false
+			return false, s
 		}
 		time.Sleep(30 * time.Millisecond)
 	}
 	w.t.Fatalf("crash point %q: neither reached nor passed in 4 minutes; last %s", p.name, w.look())
-	return false
+	return false, snapshot{}
 }
 
 // resumedCreate checks what a resumed Create must leave: one Node, created
