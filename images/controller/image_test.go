@@ -173,8 +173,8 @@ func TestPhasePodInImage(t *testing.T) {
 	}
 	const secret = "join-secret-value-42"
 	base := engine.Request{
-		Phase:   engine.PhaseInstall,
-		Conn:    engine.Connection{Address: h.Address, Port: int32(h.Port), User: h.User, PrivateKey: key, HostKey: h.HostKey},
+		Phase: engine.PhaseInstall,
+		Conn:  engine.Connection{Address: h.Address, Port: int32(h.Port), User: h.User, PrivateKey: key, HostKey: h.HostKey},
 		Context: engine.Context{HostAddress: h.Address, NodeAddress: h.Address, NodeName: "n1", ClusterEndpoint: "https://10.0.0.1:6443", ClusterCAB64: "Q0E=",
 			Vars: map[string]string{"GREETING": "hello-from-the-image"}, Secrets: map[string]string{"API": secret}},
 		Timeout: 2 * time.Minute,

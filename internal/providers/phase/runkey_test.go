@@ -33,4 +33,3 @@ func TestRunKey(t *testing.T) {
 		t.Errorf("unclaimed host (zombie leave) has key %q, want none", k)
 	}
 }
-
