@@ -27,9 +27,10 @@ const jobNS = "kpssh-jobs"
 // registry-free) is imported into a joined node's containerd, the controller
 // restarts with EXECUTOR=job pinned to that node (host network: the pod
 // reaches the other hosts' sshd over the world's bridge), and the next host
-// joins through phase Jobs run by that real kubelet. The controller goes
-// back to the local executor for the scale-down (a leave Job for the pinned
-// node's own host would stop the kubelet under its pod).
+// joins through phase Jobs run by that real kubelet, then leaves through a
+// leave Job there. The controller goes back to the local executor for the
+// pinned node's own leave (a leave Job there would stop the kubelet under
+// its own pod).
 func jobExec(w *world, _ *state) {
 	img := controllerImage(w)
 	w.scale(1)
@@ -133,6 +134,44 @@ func jobExec(w *world, _ *state) {
 	}
 	if len(secrets.Items) != 0 {
 		w.t.Errorf("%d inputs Secrets left after the phases", len(secrets.Items))
+	}
+
+	// b leaves through a Job too: its pause pod goes first on the scale-down
+	// (lowest deletion cost), b is empty, Karpenter consolidates it, and its
+	// leave runs as a Job on a's kubelet.
+	var pauses corev1.PodList
+	if err := w.kube.List(context.Background(), &pauses, client.InNamespace("default"), client.MatchingLabels{"app": "pause"}); err != nil {
+		w.t.Fatal(err)
+	}
+	for _, p := range pauses.Items {
+		if p.Spec.NodeName == b.Name {
+			w.mustKubectl("-n", "default", "annotate", "pod", p.Name, "controller.kubernetes.io/pod-deletion-cost=-1000", "--overwrite")
+		}
+	}
+	w.scale(1)
+	w.eventually(b.Name+" left through a leave Job", 5*time.Minute, func() (bool, string) {
+		if h := w.sshHost(b.Name); h.Status.State != v1beta1.HostAvailable {
+			return false, fmt.Sprintf("%s is %s", b.Name, h.Status.State)
+		}
+		var jobs batchv1.JobList
+		if err := w.kube.List(context.Background(), &jobs, client.InNamespace(jobNS), client.MatchingLabels{jobexec.LabelPhase: "leave"}); err != nil {
+			return false, err.Error()
+		}
+		for _, j := range jobs.Items {
+			if strings.Contains(j.Annotations[jobexec.AnnotationKey], "/"+b.Name+"/leave/") && j.Status.Succeeded == 1 {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d leave Jobs, none of %s complete", len(jobs.Items), b.Name)
+	})
+	if u := w.units(w.hostIndex(b.Name)); u != unitsLeft {
+		w.t.Errorf("units on %s after the leave Job: %q, want %q", b.Name, u, unitsLeft)
+	}
+	if h := w.sshHost(b.Name); h.Status.LastPhase == nil || h.Status.LastPhase.Phase != v1beta1.PhaseLeave || h.Status.LastPhase.Result != v1beta1.PhaseSucceeded {
+		w.t.Errorf("%s last phase %+v, want a succeeded leave", b.Name, h.Status.LastPhase)
+	}
+	if err := w.kube.List(context.Background(), &secrets, client.InNamespace(jobNS), client.MatchingLabels{jobexec.LabelManagedBy: jobexec.ManagedBy}); err != nil || len(secrets.Items) != 0 {
+		w.t.Errorf("inputs Secrets after the leave: %d (%v)", len(secrets.Items), err)
 	}
 
 	// Back to the local executor; the image leaves a's containerd; scale down.
