@@ -28,7 +28,8 @@ const jobNS = "kpssh-jobs"
 // restarts with EXECUTOR=job pinned to that node (host network: the pod
 // reaches the other hosts' sshd over the world's bridge), and the next host
 // joins through phase Jobs run by that real kubelet, then leaves through a
-// leave Job there. The controller goes back to the local executor for the
+// leave Job there, the controller SIGKILLed while it runs and re-attaching
+// after its restart. The controller goes back to the local executor for the
 // pinned node's own leave (a leave Job there would stop the kubelet under
 // its own pod).
 func jobExec(w *world, _ *state) {
@@ -149,6 +150,45 @@ func jobExec(w *world, _ *state) {
 		}
 	}
 	w.scale(1)
+	// The controller dies while the leave Job runs (SIGKILL, as a crash);
+	// the restarted one re-attaches to that Job instead of starting another.
+	leaveOf := func() []batchv1.Job {
+		var jobs batchv1.JobList
+		if err := w.kube.List(context.Background(), &jobs, client.InNamespace(jobNS), client.MatchingLabels{jobexec.LabelPhase: "leave"}); err != nil {
+			w.t.Fatal(err)
+		}
+		var out []batchv1.Job
+		for _, j := range jobs.Items {
+			if strings.Contains(j.Annotations[jobexec.AnnotationKey], "/"+b.Name+"/leave/") {
+				out = append(out, j)
+			}
+		}
+		return out
+	}
+	var leaveJob batchv1.Job
+	w.eventually("the leave Job of "+b.Name+" running", 5*time.Minute, func() (bool, string) {
+		jobs := leaveOf()
+		if len(jobs) == 0 {
+			return false, "no leave Job yet"
+		}
+		leaveJob = jobs[0]
+		var pods corev1.PodList
+		if err := w.kube.List(context.Background(), &pods, client.InNamespace(jobNS), client.MatchingLabels{jobexec.LabelRun: leaveJob.Name}); err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods.Items {
+			if cs := p.Status.ContainerStatuses; len(cs) == 1 && (cs[0].State.Running != nil || cs[0].State.Terminated != nil) {
+				return true, ""
+			}
+		}
+		return false, "leave pod not started"
+	})
+	w.ctrl.kill(syscall.SIGKILL)
+	cur := &batchv1.Job{}
+	if err := w.kube.Get(context.Background(), client.ObjectKeyFromObject(&leaveJob), cur); err == nil {
+		w.t.Logf("controller killed; leave Job %s active=%d succeeded=%d", cur.Name, cur.Status.Active, cur.Status.Succeeded)
+	}
+	w.ctrl.start()
 	w.eventually(b.Name+" left through a leave Job", 5*time.Minute, func() (bool, string) {
 		if h := w.sshHost(b.Name); h.Status.State != v1beta1.HostAvailable {
 			return false, fmt.Sprintf("%s is %s", b.Name, h.Status.State)
@@ -164,6 +204,9 @@ func jobExec(w *world, _ *state) {
 		}
 		return false, fmt.Sprintf("%d leave Jobs, none of %s complete", len(jobs.Items), b.Name)
 	})
+	if jobs := leaveOf(); len(jobs) != 1 || jobs[0].UID != leaveJob.UID {
+		w.t.Errorf("after the restart: %d leave Jobs of %s, want the one that ran before the crash", len(jobs), b.Name)
+	}
 	if u := w.units(w.hostIndex(b.Name)); u != unitsLeft {
 		w.t.Errorf("units on %s after the leave Job: %q, want %q", b.Name, u, unitsLeft)
 	}
