@@ -395,3 +395,28 @@ func TestRenderPlacement(t *testing.T) {
 		t.Error("a bad node selector was accepted")
 	}
 }
+
+// An apiserver refusing the inputs Secret (quota, RBAC) is a config error:
+// the host was never reached; the Job without inputs is removed.
+func TestSecretRefused(t *testing.T) {
+	fc := &fakeCluster{}
+	inner := newFake(t)
+	fc.WithWatch = interceptor.NewClient(inner, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if _, ok := obj.(*corev1.Secret); ok {
+				return apierrors.NewForbidden(corev1.Resource("secrets"), obj.GetName(), fmt.Errorf("quota"))
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	})
+	e := newExec(t, fc)
+	req := request()
+	res := e.Run(context.Background(), req)
+	if res.Outcome != engine.ConfigError || !strings.Contains(res.Message, "creating the inputs Secret") || res.Touched {
+		t.Fatalf("result %+v", res)
+	}
+	err := inner.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: JobName(req.Phase, req.Key)}, &batchv1.Job{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("Job without inputs left: %v", err)
+	}
+}

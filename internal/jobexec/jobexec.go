@@ -211,9 +211,11 @@ func configError(format string, a ...any) engine.Result {
 	return engine.Result{Outcome: engine.ConfigError, ExitCode: -1, Message: fmt.Sprintf(format, a...)}
 }
 
-// apiFailure: the apiserver refused or failed; nothing ran on the host.
+// apiFailure: the apiserver refused or failed before the pod could run;
+// the host was not reached (a config error, as for the Local engine when it
+// cannot start ansible-playbook: the host is not to blame).
 func apiFailure(what string, err error) engine.Result {
-	return engine.Result{Outcome: engine.Failed, ExitCode: -1, Message: fmt.Sprintf("executor job: %s: %v", what, err)}
+	return engine.Result{Outcome: engine.ConfigError, ExitCode: -1, Message: fmt.Sprintf("executor job: %s: %v", what, err)}
 }
 
 func (e *Executor) timeout(req engine.Request) time.Duration {
@@ -245,6 +247,9 @@ func (e *Executor) run(ctx context.Context, req engine.Request) engine.Result {
 			if ctx.Err() != nil {
 				return canceled(ctx, name)
 			}
+			// A Job without inputs would only wait for its volume until
+			// the deadline.
+			e.abandon(ctx, job)
 			return apiFailure("creating the inputs Secret of Job "+name, err)
 		}
 	}
