@@ -84,6 +84,25 @@ preflight() {
 	grep -qw overlay /proc/filesystems || modprobe overlay 2>/dev/null ||
 		die "kernel has no overlay filesystem support"
 	[[ -n $(cgroup_roots) ]] || die "no cgroup hierarchies mounted under /sys/fs/cgroup"
+	inotify_limits
+}
+
+# inotify limits are per user of the machine's user namespace, so every
+# host's systemd, journald, containerd and kubelet (all root here) share one
+# budget; Debian's default of 128 instances runs out with a few node-capable
+# hosts (the kubelet then exits: "inotify_init: too many open files"). Only
+# ever raised, never lowered (the values kind documents for the same reason).
+inotify_limits() {
+	local kv key want cur
+	for kv in max_user_instances=8192 max_user_watches=524288; do
+		key=/proc/sys/fs/inotify/${kv%%=*} want=${kv#*=}
+		[[ -r $key ]] || continue
+		cur=$(<"$key")
+		if ((cur < want)); then
+			echo "$want" >"$key" 2>/dev/null || die "cannot raise $key from $cur to $want (the hosts' kubelets need it)"
+			log "raised $key: $cur -> $want"
+		fi
+	done
 }
 
 # ------------------------------------------------------------- world --
