@@ -375,4 +375,6 @@ func roleProfile(w *world, st *state) {
 	if h := w.sshHost(host.Name); h.Status.LastPhase == nil || h.Status.LastPhase.Phase != v1beta1.PhaseLeave || h.Status.LastPhase.Result != v1beta1.PhaseSucceeded {
 		w.t.Errorf("last phase %+v, want the role's leave succeeded", h.Status.LastPhase)
 	}
+	// Later scenarios start from the world's own profile.
+	w.mustKubectl("patch", "sshnodeclass", "pool", "--type=merge", "-p", `{"spec":{"joinProfileRef":{"name":"`+w.profile+`"}}}`)
 }
