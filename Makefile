@@ -134,4 +134,4 @@ demo-down:
 
 ## e2e: the end-to-end scenarios (real control plane, kubelets on nspawn hosts)
 e2e: deps k8s-bins rootfs
-	go test $(GO_TEST_FLAGS) -tags e2e -timeout 25m -v ./test/e2e/
+	go test $(GO_TEST_FLAGS) -tags e2e -timeout 45m -v ./test/e2e/
