@@ -9,15 +9,12 @@
 package controller_test
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +24,7 @@ import (
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/jobexec"
 	"github.com/dklesev/kpssh/test/hostenv"
+	"github.com/dklesev/kpssh/test/testexec"
 )
 
 // buildTimeout bounds hack/runner-image.sh --controller (a cold runner
@@ -83,20 +81,11 @@ func controllerImage(t *testing.T) image {
 // timeout and reaped; stdout only on success, both on failure.
 func run(t *testing.T, d time.Duration, extraEnv []string, name string, args ...string) (string, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = append(os.Environ(), extraEnv...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 10 * time.Second
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
+	o, e, err := testexec.Run(d, append(os.Environ(), extraEnv...), name, args...)
 	if err != nil {
-		return o.String() + e.String(), err
+		return o + e, err
 	}
-	return o.String(), nil
+	return o, nil
 }
 
 func tail(s string, n int) string {

@@ -22,12 +22,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/test/hostenv"
+	"github.com/dklesev/kpssh/test/testexec"
 )
 
 // buildTimeout bounds hack/runner-image.sh: a cold build on a loaded 2-core
@@ -468,18 +468,9 @@ func processesMentioning(s string) []string {
 // run runs a command in its own process group, killed as a group when ctx
 // ends; extraEnv is added to this process's environment.
 func run(ctx context.Context, extraEnv []string, name string, args ...string) (stdout, stderr string, err error) {
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := testexec.Command(ctx, name, args...)
 	cmd.Env = append(os.Environ(), extraEnv...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 10 * time.Second
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err = cmd.Run()
-	if ctx.Err() != nil {
-		err = fmt.Errorf("%w (%v)", err, ctx.Err())
-	}
-	return o.String(), e.String(), err
+	return testexec.Output(ctx, cmd)
 }
 
 // lookPath also searches the sbin dirs, which are not always on root's PATH.

@@ -1,7 +1,6 @@
 package jobexec_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +24,7 @@ import (
 	"github.com/dklesev/kpssh/internal/jobexec"
 	"github.com/dklesev/kpssh/test/hostenv"
 	"github.com/dklesev/kpssh/test/testenv"
+	"github.com/dklesev/kpssh/test/testexec"
 )
 
 // The real world of executor job, short of a pod runtime: a real
@@ -108,16 +108,10 @@ func bounded(t *testing.T, d time.Duration, dir string, extraEnv []string, name 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := testexec.Command(ctx, name, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), extraEnv...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 10 * time.Second
-	var b bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &b, &b
-	err := cmd.Run()
-	return b.Bytes(), err
+	return cmd.CombinedOutput()
 }
 
 func eventually(t *testing.T, what string, d time.Duration, cond func() (bool, error)) {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/test/hostenv"
+	"github.com/dklesev/kpssh/test/testexec"
 )
 
 const poolNS = "kpssh-system"
@@ -47,20 +48,15 @@ type world struct {
 func script(ctx context.Context, repo string, env []string, timeout time.Duration, name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(repo, "hack", name)}, args...)...)
+	c := testexec.Command(ctx, "bash", append([]string{filepath.Join(repo, "hack", name)}, args...)...)
 	c.Dir = repo
 	c.Env = append(os.Environ(), env...)
 	c.Env = append(c.Env, "PATH="+os.Getenv("PATH")+":/usr/local/sbin:/usr/sbin:/sbin")
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
-	c.WaitDelay = 10 * time.Second
-	var o, e bytes.Buffer
-	c.Stdout, c.Stderr = &o, &e
-	err := c.Run()
+	o, e, err := testexec.Output(ctx, c)
 	if err != nil {
-		return o.String(), fmt.Errorf("hack/%s %s: %w\n%s", name, strings.Join(args, " "), err, tail(e.String(), 4000))
+		return o, fmt.Errorf("hack/%s %s: %w\n%s", name, strings.Join(args, " "), err, tail(e, 4000))
 	}
-	return strings.TrimSpace(o.String()), nil
+	return strings.TrimSpace(o), nil
 }
 
 func tail(s string, n int) string {

@@ -3,17 +3,14 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -26,6 +23,7 @@ import (
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/envelope"
+	"github.com/dklesev/kpssh/test/testexec"
 )
 
 const (
@@ -96,7 +94,7 @@ func verified(w *world, _ *state) {
 func sshKeygen(w *world, dir, name string) sigKey {
 	w.t.Helper()
 	p := filepath.Join(dir, name)
-	if _, stderr, err := bounded(time.Minute, nil, "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", p); err != nil {
+	if _, stderr, err := testexec.Run(time.Minute, nil, "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", p); err != nil {
 		w.t.Fatalf("ssh-keygen: %v: %s", err, stderr)
 	}
 	priv, err := os.ReadFile(p)
@@ -110,29 +108,11 @@ func sshKeygen(w *world, dir, name string) sigKey {
 	return sigKey{path: p, pub: strings.TrimSpace(string(pub)), priv: priv}
 }
 
-// bounded runs a command in its own process group, killed as a group at
-// the timeout.
-func bounded(timeout time.Duration, env []string, name string, args ...string) (string, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	c := exec.CommandContext(ctx, name, args...)
-	if env != nil {
-		c.Env = env
-	}
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
-	c.WaitDelay = 10 * time.Second
-	var o, e bytes.Buffer
-	c.Stdout, c.Stderr = &o, &e
-	err := c.Run()
-	return o.String(), e.String(), err
-}
-
 func (v *verifiedRun) build() {
 	v.w.t.Helper()
 	v.kpssh = filepath.Join(v.dir, "kpssh")
 	start := time.Now()
-	_, stderr, err := bounded(20*time.Minute, append(os.Environ(), "GOTOOLCHAIN=go1.27.3"), "go", "build", "-C", v.w.repo, "-o", v.kpssh, "./cmd/kpssh")
+	_, stderr, err := testexec.Run(20*time.Minute, append(os.Environ(), "GOTOOLCHAIN=go1.27.3"), "go", "build", "-C", v.w.repo, "-o", v.kpssh, "./cmd/kpssh")
 	if err != nil {
 		v.w.t.Fatalf("go build ./cmd/kpssh: %v\n%s", err, stderr)
 	}
@@ -144,26 +124,15 @@ func (v *verifiedRun) build() {
 func (v *verifiedRun) provision() {
 	w := v.w
 	w.t.Helper()
-	inv := w.hosts.Inventory()
-	h := w.hosts.Hosts()[v.i]
 	invFile := filepath.Join(v.dir, "inventory.yml")
-	writeFile(w, invFile, fmt.Sprintf(`all:
-  hosts:
-    %s:
-      ansible_host: %s
-      ansible_port: %d
-      ansible_user: root
-      ansible_ssh_private_key_file: %s
-      ansible_python_interpreter: /usr/bin/python3
-      ansible_ssh_common_args: "-F /dev/null -o StrictHostKeyChecking=yes -o UserKnownHostsFile=%s -o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes"
-`, h.Name, h.Address, h.Port, inv.ClientKey, inv.KnownHosts))
+	writeFile(w, invFile, w.hosts.AnsibleInventory(v.i))
 	vars := filepath.Join(v.dir, "verified-vars.yml")
 	writeFile(w, vars, fmt.Sprintf("verified_host_allowed_signers:\n  - key: %q\nverified_host_authorized_keys:\n  - %q\n", v.signer.pub, v.login.pub))
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + v.dir, "LANG=C.UTF-8",
 		"ANSIBLE_ROLES_PATH=" + filepath.Join(w.repo, "roles"), "ANSIBLE_HOST_KEY_CHECKING=True", "ANSIBLE_NOCOLOR=1",
 		"ANSIBLE_LOCAL_TEMP=" + filepath.Join(v.dir, "ansible-tmp"), "ANSIBLE_RETRY_FILES_ENABLED=False"}
 	start := time.Now()
-	out, stderr, err := bounded(10*time.Minute, env, "ansible-playbook", "-i", invFile, "-e", "@"+vars, filepath.Join(w.repo, "playbooks/provision-verified.yml"))
+	out, stderr, err := testexec.Run(10*time.Minute, env, "ansible-playbook", "-i", invFile, "-e", "@"+vars, filepath.Join(w.repo, "playbooks/provision-verified.yml"))
 	if err != nil {
 		w.t.Fatalf("provision-verified.yml on %s: %v\n%s\n%s", v.name, err, tail(out, 6000), tail(stderr, 2000))
 	}
@@ -211,7 +180,7 @@ func (v *verifiedRun) profiles() {
 	in := filepath.Join(v.dir, "profile-unsigned.yaml")
 	writeFile(w, in, string(unsigned))
 	sign := func(k sigKey, file string) map[string]string {
-		out, stderr, err := bounded(2*time.Minute, nil, v.kpssh, "sign", "-key", k.path, "-manifest", "-not-after", "24h", in)
+		out, stderr, err := testexec.Run(2*time.Minute, nil, v.kpssh, "sign", "-key", k.path, "-manifest", "-not-after", "24h", in)
 		if err != nil || strings.TrimSpace(stderr) != "" {
 			w.t.Fatalf("kpssh sign -key %s: %v: %s", filepath.Base(k.path), err, stderr)
 		}

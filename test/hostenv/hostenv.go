@@ -263,6 +263,23 @@ func (w *world) Inventory() Inventory {
 // Hosts returns the world's hosts (index i is host "h<i+1>").
 func (w *world) Hosts() []Host { return w.Inventory().Hosts }
 
+// AnsibleInventory is a YAML inventory for ansible-playbook naming host i,
+// logged in to as root with the world's key, its host key pinned.
+func (w *world) AnsibleInventory(i int) string {
+	inv := w.Inventory()
+	h := inv.Hosts[i]
+	return fmt.Sprintf(`all:
+  hosts:
+    %s:
+      ansible_host: %s
+      ansible_port: %d
+      ansible_user: root
+      ansible_ssh_private_key_file: %s
+      ansible_python_interpreter: /usr/bin/python3
+      ansible_ssh_common_args: "-F /dev/null -o StrictHostKeyChecking=yes -o UserKnownHostsFile=%s -o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes"
+`, h.Name, h.Address, h.Port, inv.ClientKey, inv.KnownHosts)
+}
+
 // Host returns host i.
 func (w *World) Host(i int) Host {
 	w.t.Helper()

@@ -187,21 +187,10 @@ func provision(t *testing.T, w *hostenv.World, dir string, login, signer key, ex
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := w.Host(0)
-	inv := w.Inventory()
 	invFile := filepath.Join(dir, "inventory.yml")
 	// The kpssh.sh world logs in as root with its own key; that is the
 	// provisioning login (the playbook then locks kpssh to the shim).
-	if err := os.WriteFile(invFile, []byte(fmt.Sprintf(`all:
-  hosts:
-    %s:
-      ansible_host: %s
-      ansible_port: %d
-      ansible_user: root
-      ansible_ssh_private_key_file: %s
-      ansible_python_interpreter: /usr/bin/python3
-      ansible_ssh_common_args: "-F /dev/null -o StrictHostKeyChecking=yes -o UserKnownHostsFile=%s -o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes"
-`, h.Name, h.Address, h.Port, inv.ClientKey, inv.KnownHosts)), 0o600); err != nil {
+	if err := os.WriteFile(invFile, []byte(w.AnsibleInventory(0)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	vars := filepath.Join(dir, "vars.yml")
