@@ -89,7 +89,7 @@ node-assets:
 ## test-prereqs: every cached build the tests use, built side by side (the
 ## k8s build is CPU-bound, the debootstraps wait on the network)
 test-prereqs: deps
-	$(MAKE) --no-print-directory -j6 k8s-bins rootfs runner-image node-assets helm $(CONTROLLER_GEN) >/dev/null
+	$(MAKE) --no-print-directory -j6 k8s-bins rootfs controller-image node-assets helm $(CONTROLLER_GEN) >/dev/null
 
 ## test: everything CI runs (the e2e scenarios, build tag e2e, run beside the
 ## other packages)
