@@ -806,3 +806,47 @@ func TestNodeLabelsDropKubeletForbidden(t *testing.T) {
 		}
 	}
 }
+
+// A Node that registered after Karpenter looked for the claim's Nodes (the
+// claim deleted before Karpenter saw it register) is deleted once leave
+// stopped its kubelet; one Karpenter is terminating is left to it, and none
+// is touched when leave failed (the kubelet may still run: the zombie guard
+// follows up).
+func TestDeleteRemovesTheNodeLeftByTheClaim(t *testing.T) {
+	claim := newNodeClaim("a")
+	node := func(opts ...func(*corev1.Node)) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "h1"}, Spec: corev1.NodeSpec{ProviderID: ProviderID(ns, "h1")}}
+		for _, o := range opts {
+			o(n)
+		}
+		return n
+	}
+	terminating := func(n *corev1.Node) {
+		n.Finalizers = []string{karpv1.TerminationFinalizer}
+		n.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	}
+	for _, tc := range []struct {
+		name     string
+		node     *corev1.Node
+		leave    *engine.Result
+		wantNode bool
+	}{
+		{name: "registered late → deleted", node: node()},
+		{name: "terminating → Karpenter's", node: node(terminating), wantNode: true},
+		{name: "leave failed → kept", node: node(), leave: &engine.Result{Outcome: engine.Failed, FailedTask: "stop"}, wantNode: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, nil, standard(newHost("h1", "small", inUse(claim)), tc.node)...)
+			if tc.leave != nil {
+				w.ph.results[engine.PhaseLeave] = *tc.leave
+			}
+			if err := w.cp.Delete(context.Background(), claim); err != nil {
+				t.Fatal(err)
+			}
+			err := w.c.Get(context.Background(), client.ObjectKey{Name: "h1"}, &corev1.Node{})
+			if got := err == nil; got != tc.wantNode {
+				t.Fatalf("Node there after Delete: %v (%v), want %v", got, err, tc.wantNode)
+			}
+		})
+	}
+}

@@ -53,6 +53,13 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		lastPhase = out.LastPhase
 		if !out.OK() {
 			state, msg = v1beta1.HostUnhealthy, phase.Summary(engine.PhaseLeave, out.Result)
+		} else if node, err := leave.DeleteNode(ctx, c.Client, h); err != nil {
+			return err // core retries; leave is idempotent
+		} else if node != "" {
+			// Registered after Karpenter looked for this claim's Nodes
+			// (deleted before it saw the registration): nothing else
+			// removes it once the kubelet is gone.
+			logFor(ctx, nodeClaim).Info("deleted the Node left by the claim", "host", h.Name, "Node", node)
 		}
 	}
 	if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil {

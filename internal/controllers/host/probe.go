@@ -17,6 +17,7 @@ import (
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/probe"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
+	"github.com/dklesev/kpssh/internal/providers/leave"
 	"github.com/dklesev/kpssh/internal/sshx"
 )
 
@@ -56,7 +57,7 @@ func (c *Controller) probe(ctx context.Context, h *v1beta1.SSHHost) (reconcile.R
 	if h.CurrentState() == v1beta1.HostLeaving {
 		// A zombie leave that stopped the kubelet but crashed before deleting
 		// the Node: finish it.
-		if err := c.deleteMatchingNode(ctx, h); err != nil {
+		if _, err := leave.DeleteNode(ctx, c.Client, h); err != nil {
 			return reconcile.Result{}, true, err
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -13,6 +12,7 @@ import (
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/probe"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
+	"github.com/dklesev/kpssh/internal/providers/leave"
 )
 
 // zombie is the seed's flowchart for a kubelet active on an unclaimed host.
@@ -21,7 +21,7 @@ import (
 // only takes Available hosts), run leave, check the kubelet is really
 // stopped, and only then delete the Node — or it simply re-registers.
 func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostkey.Credentials, res probe.Result) (reconcile.Result, bool, error) {
-	node, err := c.matchingNode(ctx, h)
+	node, err := leave.MatchingNode(ctx, c.Client, h)
 	if err != nil {
 		return reconcile.Result{}, true, err
 	}
@@ -64,7 +64,7 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 		// Look the Node up again now that the kubelet is stopped: one that
 		// came back with its host (power restored) may have registered while
 		// leave ran, after the lookup above.
-		if err := c.deleteMatchingNode(ctx, h); err != nil {
+		if _, err := leave.DeleteNode(ctx, c.Client, h); err != nil {
 			leaveErr = fmt.Errorf("delete node: %w", err)
 		}
 	}
@@ -81,42 +81,6 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 	zombieActions.WithLabelValues(ActionLeft).Inc()
 	c.Recorder.Publish(zombieLeft(h))
 	return reconcile.Result{RequeueAfter: c.Interval}, true, c.probeSucceeded(ctx, h, creds, after, "zombie kubelet left; host back in the pool")
-}
-
-// matchingNode finds the Node this host's kubelet registered: by providerID
-// recorded on the host, else by InternalIP equal to the node address.
-func (c *Controller) matchingNode(ctx context.Context, h *v1beta1.SSHHost) (*corev1.Node, error) {
-	nodes := &corev1.NodeList{}
-	if err := c.Client.List(ctx, nodes); err != nil {
-		return nil, err
-	}
-	ip := h.Spec.NodeAddress
-	if ip == "" {
-		ip = h.Spec.Address
-	}
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
-		if h.Status.ProviderID != "" && n.Spec.ProviderID == h.Status.ProviderID {
-			return n, nil
-		}
-		for _, a := range n.Status.Addresses {
-			if a.Type == corev1.NodeInternalIP && a.Address == ip {
-				return n, nil
-			}
-		}
-	}
-	return nil, nil
-}
-
-func (c *Controller) deleteMatchingNode(ctx context.Context, h *v1beta1.SSHHost) error {
-	node, err := c.matchingNode(ctx, h)
-	if err != nil || node == nil {
-		return err
-	}
-	if err := c.Client.Delete(ctx, node); err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	return nil
 }
 
 func nodeName(n *corev1.Node) string {
