@@ -5,6 +5,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -291,18 +293,32 @@ func (w *world) crashAt(p crashPoint, atKill func(snapshot), passed func(snapsho
 // other hosts Available; no token left.
 func (w *world) resumedCreate(point string, host *v1beta1.SSHHost, csrsBefore map[string]bool, maxCSRs int, nodeUIDs map[string][]string) {
 	w.t.Helper()
-	if n := w.nodes(); len(n) != 1 {
-		w.t.Errorf("%s: %d Nodes after resume, want 1", point, len(n))
+	// Karpenter may launch a second claim for the workload after a crash
+	// (seen once in CI at "after join, before registration": the pod was
+	// replaced while the resumed join restarted the kubelet); that claim
+	// joins another host, once, and is consolidated later. What must hold
+	// is per host: each joined at most once, from its own bootstrap.
+	extra := map[string]bool{}
+	for name, uids := range nodeUIDs {
+		if len(uids) != 1 {
+			w.t.Errorf("%s: Node %s created %d times during the point (%v), want once", point, name, len(uids), uids)
+		}
+		if name != host.Name {
+			extra[name] = true
+		}
 	}
-	if len(nodeUIDs) != 1 || len(nodeUIDs[host.Name]) != 1 {
+	if len(nodeUIDs[host.Name]) != 1 {
 		w.t.Errorf("%s: Nodes seen during the point %v, want %s created once", point, nodeUIDs, host.Name)
 	}
-	if fresh := w.newCSRs(csrsBefore); len(fresh) < 1 || len(fresh) > maxCSRs {
-		w.t.Errorf("%s: %d new kubelet client CSRs %v, want 1 (the host bootstrapped once; at most %d)", point, len(fresh), fresh, maxCSRs)
+	if len(extra) > 0 {
+		w.t.Logf("%s: Karpenter launched another claim after the resume; also joined (once each): %v", point, slices.Sorted(maps.Keys(extra)))
+	}
+	if fresh := w.newCSRs(csrsBefore); len(fresh) < 1 || len(fresh) > maxCSRs+len(extra) {
+		w.t.Errorf("%s: %d new kubelet client CSRs %v, want 1 per joined host (the crashed host at most %d)", point, len(fresh), fresh, maxCSRs)
 	}
 	var others []string
 	for _, h := range w.sshHosts() {
-		if h.Name != host.Name && h.Status.State != v1beta1.HostAvailable {
+		if h.Name != host.Name && !extra[h.Name] && h.Status.State != v1beta1.HostAvailable {
 			others = append(others, h.Name+"="+string(h.Status.State))
 		}
 	}
