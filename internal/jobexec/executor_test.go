@@ -201,7 +201,7 @@ func checkJobSpec(t *testing.T, job *batchv1.Job, req engine.Request, o Options)
 	}
 	// Nothing secret in the Job object itself.
 	b := fmt.Sprintf("%+v", job)
-	for _, v := range []string{req.Context.BootstrapToken, "sekret-value-123", "PRIVATE KEY"} {
+	for _, v := range []string{req.Context.BootstrapToken, "sekret-value-123", fakeKey} {
 		if strings.Contains(b, v) {
 			t.Errorf("the Job object holds a secret (%q)", v)
 		}

@@ -102,7 +102,7 @@ func TestPhaseRun(t *testing.T) {
 				t.Fatalf("executor reads %+v, want %s with %q", st.res, c.outcome, c.msg)
 			}
 			// Logs and the message never carry the inputs' secrets.
-			for _, s := range []string{"0123456789abcdef", "sekret-value-123", "PRIVATE KEY"} {
+			for _, s := range []string{"0123456789abcdef", "sekret-value-123", fakeKey} {
 				if strings.Contains(stdout.String()+stderr.String()+string(msg), s) {
 					t.Fatalf("secret %q in the pod's output", s)
 				}
