@@ -208,18 +208,25 @@ func checkJobSpec(t *testing.T, job *batchv1.Job, req engine.Request, o Options)
 	}
 }
 
+// abandonedRun starts req and ends its context once it waits on its Job, as
+// a controller dying mid-run: the Job it left and what Run returned.
+func abandonedRun(t *testing.T, fc *fakeCluster, req engine.Request) (*batchv1.Job, engine.Result) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := runAsync(ctx, newExec(t, fc), req)
+	job := getJob(t, fc, JobName(req.Phase, req.Key))
+	time.Sleep(100 * time.Millisecond) // let it reach the wait
+	cancel()
+	return job, await(t, ch)
+}
+
 func TestReattachAfterRestart(t *testing.T) {
 	fc := newFake(t)
 	req := request()
 	name := JobName(req.Phase, req.Key)
 
 	// The first controller dies while its Job runs (its context ends).
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := runAsync(ctx, newExec(t, fc), req)
-	job := getJob(t, fc, name)
-	time.Sleep(100 * time.Millisecond) // let it reach the wait
-	cancel()
-	res := await(t, ch)
+	job, res := abandonedRun(t, fc, req)
 	if res.Outcome != engine.TimedOut || !strings.Contains(res.Message, "keeps running") {
 		t.Fatalf("canceled: %+v", res)
 	}
@@ -228,7 +235,7 @@ func TestReattachAfterRestart(t *testing.T) {
 	}
 
 	// A restarted controller runs the same phase: it waits for that Job.
-	ch = runAsync(context.Background(), newExec(t, fc), req)
+	ch := runAsync(context.Background(), newExec(t, fc), req)
 	time.Sleep(100 * time.Millisecond)
 	if err := fc.Create(context.Background(), podOf(job, corev1.PodSucceeded, terminated(0, string(EncodeResult(engine.Result{Outcome: engine.Succeeded, Touched: true}))))); err != nil {
 		t.Fatal(err)
@@ -249,17 +256,12 @@ func TestStaleInputsReplaceTheJob(t *testing.T) {
 	fc := newFake(t)
 	req := request()
 	name := JobName(req.Phase, req.Key)
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := runAsync(ctx, newExec(t, fc), req)
-	old := getJob(t, fc, name)
-	time.Sleep(100 * time.Millisecond)
-	cancel()
-	await(t, ch)
+	old, _ := abandonedRun(t, fc, req)
 
 	// Same key, a new token (the join after a crash mints one): the old Job
 	// is stale and goes before the new one starts.
 	req.Context.BootstrapToken = "ghijkl.0123456789ghijkl"
-	ch = runAsync(context.Background(), newExec(t, fc), req)
+	ch := runAsync(context.Background(), newExec(t, fc), req)
 	deadline := time.Now().Add(time.Minute)
 	var cur *batchv1.Job
 	for {
