@@ -10,7 +10,7 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: node-assets test-prereqs all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo demo-down e2e clean-world
+.PHONY: node-assets runner-bin test-prereqs all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo demo-down e2e clean-world
 
 all: build
 
@@ -62,6 +62,13 @@ rootfs:
 runner-image: deps
 	@hack/runner-image.sh
 
+## runner-bin: the runner image's own ansible-playbook, ansible-lint, ... as a
+## bin dir (bubblewrap over the image's root; prints it). Every test and the
+## demo put it first on PATH: what ships is what is tested.
+runner-bin: deps
+	@hack/runner-image.sh --bin | tail -n 1
+RUNNER_PATH = PATH=$$(hack/runner-image.sh --bin | tail -n 1):$$PATH
+
 ## controller-image: the runner image plus the controller image on top of it (prints the controller's ref)
 controller-image: deps
 	@hack/runner-image.sh --controller
@@ -89,18 +96,18 @@ node-assets:
 ## test-prereqs: every cached build the tests use, built side by side (the
 ## k8s build is CPU-bound, the debootstraps wait on the network)
 test-prereqs: deps
-	$(MAKE) --no-print-directory -j6 k8s-bins rootfs controller-image node-assets helm $(CONTROLLER_GEN) >/dev/null
+	$(MAKE) --no-print-directory -j6 k8s-bins rootfs controller-image runner-bin node-assets helm $(CONTROLLER_GEN) >/dev/null
 
 ## test: everything CI runs (the e2e scenarios, build tag e2e, run beside the
 ## other packages)
 test: test-prereqs
-	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) CONTROLLER_GEN=$(CONTROLLER_GEN) HELM=$$(hack/helm.sh) \
+	$(RUNNER_PATH) KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) CONTROLLER_GEN=$(CONTROLLER_GEN) HELM=$$(hack/helm.sh) \
 	  KPSSH_ENGINE_SOAK_RUNS=$${KPSSH_ENGINE_SOAK_RUNS:-200} \
 	  go test $(GO_TEST_FLAGS) -tags e2e -timeout 45m ./...
 
 ## soak: the engine's full 1,000-run soak (zombies, orphans, leftover run dirs)
 soak: deps rootfs
-	KPSSH_ENGINE_SOAK_RUNS=1000 go test $(GO_TEST_FLAGS) -timeout 90m -run TestSoakPhaseRuns -v ./internal/engine/
+	$(RUNNER_PATH) KPSSH_ENGINE_SOAK_RUNS=1000 go test $(GO_TEST_FLAGS) -timeout 90m -run TestSoakPhaseRuns -v ./internal/engine/
 
 ## test-unit: the fast tests (no apiserver, no hosts)
 test-unit:
@@ -112,17 +119,17 @@ test-crd: k8s-bins
 
 ## molecule: the shipped roles' molecule scenarios (harness over nspawn hosts) and ansible-lint
 molecule: deps rootfs
-	go test $(GO_TEST_FLAGS) -timeout 30m -run 'TestMolecule|TestAnsibleLint' -v ./test/molecule/
+	$(RUNNER_PATH) go test $(GO_TEST_FLAGS) -timeout 30m -run 'TestMolecule|TestAnsibleLint' -v ./test/molecule/
 
 ## test-hosts: the nspawn host world tests
 test-hosts: deps rootfs
-	go test $(GO_TEST_FLAGS) -v ./test/hostenv/
+	$(RUNNER_PATH) go test $(GO_TEST_FLAGS) -v ./test/hostenv/
 
 ## bench: every benchmark, each printing its figure and its same-run baseline;
 ## then the e2e join timelines (test/e2e/bench_test.go: one world, its own runs, so 1x)
 bench: deps k8s-bins rootfs
-	KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) go test -run '^$$' -bench . -benchtime 3x -timeout 30m ./...
-	go test -tags e2e -run '^$$' -bench JoinTimeline -benchtime 1x -timeout 60m ./test/e2e/
+	$(RUNNER_PATH) KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) go test -run '^$$' -bench . -benchtime 3x -timeout 30m ./...
+	$(RUNNER_PATH) go test -tags e2e -run '^$$' -bench JoinTimeline -benchtime 1x -timeout 60m ./test/e2e/
 
 ## demo: local control plane + hosts + controller + a workload scaling up and down
 demo: deps
@@ -134,4 +141,4 @@ demo-down:
 
 ## e2e: the end-to-end scenarios (real control plane, kubelets on nspawn hosts)
 e2e: deps k8s-bins rootfs
-	go test $(GO_TEST_FLAGS) -tags e2e -timeout 45m -v ./test/e2e/
+	$(RUNNER_PATH) go test $(GO_TEST_FLAGS) -tags e2e -timeout 45m -v ./test/e2e/

@@ -4,6 +4,8 @@
 set -euo pipefail
 
 pkgs=(debootstrap systemd-container iproute2 openssh-client ansible-core kmod iptables
+  # the runner image's rootfs as a sandbox: tests and the demo run its ansible (hack/runner-image.sh --bin)
+  bubblewrap
   # ansible-lint over roles/ and playbooks/ (test/molecule)
   ansible-lint
   # The runner image (hack/runner-image.sh): built with buildah, run with

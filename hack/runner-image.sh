@@ -11,10 +11,16 @@
 #   hack/runner-image.sh --print-env     print the CONTAINERS_* variables
 #                                        (NAME=value lines) that point podman
 #                                        at this script's config and storage
+#   hack/runner-image.sh --bin           also the lint image (runner + ansible-lint),
+#                                        both exported as directories; the last line
+#                                        is a bin dir whose ansible-playbook,
+#                                        ansible-galaxy, ansible-doc, ansible-inventory,
+#                                        ansible-lint and python3 run the images' own
+#                                        (bubblewrap): what the tests and the demo run
 #   hack/runner-image.sh podman ARGS...  run podman with that config
 #
 # How (TESTBED §5): the Dockerfile's `FROM ${BASE}` is fed a base made here —
-# `debootstrap --variant=minbase bookworm` from the machine's Debian mirror,
+# `debootstrap --variant=minbase trixie` from the machine's Debian mirror,
 # imported with buildah (from scratch, mount, copy, commit) as
 # localhost/kpssh-runner-base:<base key> — then `buildah bud --pull=never`.
 # Podman/buildah settings live in a private config dir (hack/lib/containers.sh);
@@ -43,19 +49,22 @@ source "$HACK/lib/apt.sh"
 REPO=$(repo_root)
 CACHE=${KPSSH_CACHE:-$REPO/.cache}
 RC=$CACHE/runner
-SUITE=bookworm
+SUITE=trixie
 RUNNER_REPO=localhost/kpssh-runner
 BASE_REPO=localhost/kpssh-runner-base
 CONTROLLER_REPO=localhost/kpssh-controller
+LINT_REPO=localhost/kpssh-runner-lint
 # Bounds for the long steps (a hung mirror must not hang a test run forever).
 STEP_TIMEOUT=${KPSSH_RUNNER_STEP_TIMEOUT:-1800}
 
-usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 controller=0
+bin=0
 case ${1:-} in
 "") ;;
 --controller) controller=1 ;;
+--bin) bin=1 ;;
 --print-env)
 	mkdir -p "$RC"
 	containers_env "$RC"
@@ -102,7 +111,7 @@ hash_files() {
 # The base: what debootstrap makes, plus the machine's Debian sources (so
 # apt inside the build reaches the same mirror, updates and security).
 MIRROR=$(debian_mirror)
-SOURCES=$(debian_source_lines "$SUITE")
+SOURCES=$(debian_source_lines_as "$SUITE")
 [[ -n $SOURCES ]] || SOURCES="deb $MIRROR $SUITE main"
 
 build_base() {
@@ -308,7 +317,126 @@ build_controller() {
 	echo "$cimg"
 }
 
+# The lint image: the runner plus Debian's ansible-lint, for the tests
+# (the shipped image does not carry it). Keyed by the runner's key.
+build_lint() {
+	LINT_IMG=$LINT_REPO:$(
+		{
+			echo "runner=$KEY"
+			hash_files "$REPO" images/runner/lint.Dockerfile
+		} | sha256sum | cut -c1-16
+	)
+	image_exists "$LINT_IMG" && return 0
+	take_lock
+	image_exists "$LINT_IMG" && return 0
+	local ctx=$RC/.ctx-lint-$$ start
+	start=$(date +%s)
+	TMPDIRS+=("$ctx")
+	mkdir -p "$ctx"
+	cp "$REPO/images/runner/lint.Dockerfile" "$ctx/Dockerfile"
+	step "building $LINT_IMG FROM $IMG (log: $LOGF)"
+	timeout -k 30 "$STEP_TIMEOUT" buildah bud --pull=never --layers --force-rm --network=host \
+		--runtime=runc --build-arg "RUNNER=$IMG" -f "$ctx/Dockerfile" -t "$LINT_IMG" "$ctx" >>"$LOGF" 2>&1 ||
+		die "buildah bud of images/runner/lint.Dockerfile failed (see $LOGF)"
+	rm -rf --one-file-system "$ctx"
+	prune_tags "$LINT_REPO" "$LINT_IMG"
+	podman image prune -f >/dev/null 2>&1 || true
+	step "built $LINT_IMG in $(($(date +%s) - start))s"
+}
+
+# export_root IMG DIR: IMG's filesystem unpacked into DIR (once; DIR exists
+# only when complete).
+export_root() {
+	local img=$1 dir=$2 tmp c
+	[[ -d $dir ]] && return 0
+	tmp=$dir.tmp-$$
+	TMPDIRS+=("$tmp")
+	mkdir -p "$tmp"
+	step "exporting $img to $dir"
+	c=$(podman create --pull=never "$img" true) || die "podman create $img failed"
+	CONTAINERS+=("$c")
+	timeout -k 30 "$STEP_TIMEOUT" podman export "$c" | tar -C "$tmp" --numeric-owner -xpf - ||
+		die "exporting $img failed"
+	podman rm "$c" >/dev/null 2>&1 || true
+	CONTAINERS=()
+	mv "$tmp" "$dir"
+}
+
+# build_bin: the runner and lint images as directories under
+# $RC/sandbox/<runner key>/, and bin/ with one wrapper per tool. Every wrapper
+# runs the image's own binary in a bubblewrap sandbox whose / is the image's
+# root and which sees the machine's /dev, /proc, /sys, /tmp, /run (run dirs,
+# test worlds' keys), the checkout, the cache and the working directory at
+# their own paths, and its network (the test hosts); PATH is the image's (a
+# tool inside never runs a wrapper again). Nothing is namespaced but
+# the mounts: the process group, signals, exit status and the pid are the
+# caller's, so the engine's timeout, group kill and reaping work unchanged.
+# ansible-playbook keeps the image's Python entry script, behind a shebang
+# naming the python3 wrapper: the engine reads that shebang to start its
+# pre-warmed runner with the same interpreter.
+build_bin() {
+	need_cmd bwrap bubblewrap
+	local sb=$RC/sandbox/$KEY ok
+	[[ -n $KEY && -n $RC ]] || die "no image key"
+	ok=$sb/.complete-$(hash_files "$HACK" runner-image.sh | sha256sum | cut -c1-12)
+	if [[ -f $ok ]]; then
+		echo "$sb/bin"
+		return 0
+	fi
+	build_lint
+	take_lock
+	export_root "$IMG" "$sb/root"
+	export_root "$LINT_IMG" "$sb/lint-root"
+	local d
+	for d in "$RC"/sandbox/*/; do # older keys
+		[[ -d $d && ${d%/} != "$sb" ]] && rm -rf --one-file-system "${d%/}"
+	done
+	rm -rf "${sb:?}/bin" "$sb"/.complete-*
+	mkdir -p "$sb/bin"
+	local b binds="" cases=""
+	for b in /tmp /run "$REPO" "$CACHE"; do
+		binds+=$(printf '\t--bind %q %q \\\n' "$b" "$b")$'\n'
+		cases+=$(printf '%q | %q/* | ' "$b" "$b")
+	done
+	cat >"$sb/bin/sandbox" <<SANDBOX
+#!/bin/sh
+# Written by hack/runner-image.sh --bin: run a command of the runner image
+# (ROOT: root or lint-root beside this bin dir) in a bubblewrap sandbox.
+# usage: sandbox ROOT COMMAND [ARG]...
+set -e
+root=$sb/\$1
+shift
+set -- --bind "\$root" / --dev-bind /dev /dev --proc /proc --ro-bind /sys /sys \\
+	--ro-bind /etc/hosts /etc/hosts --ro-bind /etc/resolv.conf /etc/resolv.conf \\
+	--setenv PATH /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
+${binds}	--die-with-parent -- "\$@"
+case \$PWD in
+${cases}/) ;;
+*) set -- --bind "\$PWD" "\$PWD" "\$@" ;;
+esac
+exec bwrap --chdir "\$PWD" "\$@"
+SANDBOX
+	local t
+	for t in ansible ansible-galaxy ansible-doc ansible-inventory ansible-config python3; do
+		printf '#!/bin/sh\nexec %q root /usr/bin/%s "$@"\n' "$sb/bin/sandbox" "$t" >"$sb/bin/$t"
+	done
+	printf '#!/bin/sh\nexec %q lint-root /usr/bin/ansible-lint "$@"\n' "$sb/bin/sandbox" >"$sb/bin/ansible-lint"
+	{
+		echo "#!$sb/bin/python3"
+		tail -n +2 "$sb/root/usr/bin/ansible-playbook"
+	} >"$sb/bin/ansible-playbook"
+	chmod 0755 "$sb"/bin/*
+	"$sb/bin/ansible-playbook" --version >>"$LOGF" 2>&1 || die "$sb/bin/ansible-playbook --version failed (see $LOGF)"
+	"$sb/bin/ansible-lint" --version >>"$LOGF" 2>&1 || die "$sb/bin/ansible-lint --version failed (see $LOGF)"
+	touch "$ok"
+	echo "$sb/bin"
+}
+
 build_runner
+if [[ $bin == 1 ]]; then
+	build_bin
+	exit 0
+fi
 if [[ $controller == 1 ]]; then
 	if [[ -d $REPO/cmd/controller ]]; then
 		echo "$IMG"

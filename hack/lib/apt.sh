@@ -39,3 +39,18 @@ debian_source_lines() {
 	} | awk '!seen[$0]++'
 	shopt -u nullglob
 }
+
+# debian_source_lines_as SUITE: debian_source_lines SUITE, or — when the
+# machine's apt knows no SUITE (a Debian 12 machine building a Debian 13
+# image) — the machine's own release's lines with its codename replaced by
+# SUITE: the same mirrors, for SUITE, SUITE-updates and SUITE-security.
+debian_source_lines_as() {
+	local suite=$1 lines own
+	lines=$(debian_source_lines "$suite")
+	if [[ -z $lines ]]; then
+		own=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+		[[ -n $own && $own != "$suite" ]] &&
+			lines=$(debian_source_lines "$own" | awk -v from="$own" -v to="$suite" '{ sub("^" from, to, $3); print }')
+	fi
+	printf '%s\n' "$lines" | sed '/^$/d'
+}

@@ -74,7 +74,7 @@ func BenchmarkScriptPhase(b *testing.B) {
 		eng  *Local
 	}
 	engine := func(name string, mod func(*Options)) variant {
-		o := Options{AnsiblePlaybook: "/usr/bin/ansible-playbook", CollectionsPath: coll}
+		o := Options{AnsiblePlaybook: playbookBin(b), CollectionsPath: coll}
 		if mod != nil {
 			mod(&o)
 		}

@@ -74,7 +74,7 @@ func TestCanaryVerbose(t *testing.T) {
 	if err := os.WriteFile(wrapper, []byte(`#!/bin/bash
 # test wrapper: the real ansible-playbook, with a full copy of its output
 o=`+capDir+`/run-$$
-/usr/bin/ansible-playbook "$@" >"$o.out" 2>"$o.err"
+`+playbookBin(t)+` "$@" >"$o.out" 2>"$o.err"
 rc=$?
 cat "$o.out"
 cat "$o.err" >&2
@@ -402,7 +402,7 @@ func (s *procSampler) sample() {
 		}
 		mine := strings.Contains(string(cl), s.tag)
 		switch {
-		case strings.Contains(string(cl), "/usr/bin/ansible-playbook"):
+		case strings.Contains(string(cl), "bin/ansible-playbook"):
 			seen["ansible-playbook"]++
 		case strings.HasPrefix(args[0], "ssh: ") && mine:
 			seen["ssh mux master"]++

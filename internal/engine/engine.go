@@ -142,6 +142,9 @@ type Result struct {
 	// session ran at least the engine's connect check). False for config
 	// errors, connection failures and host key mismatches.
 	Touched bool
+	// AnsibleVersion is the ansible-core version that ran the playbook
+	// (empty when it never started).
+	AnsibleVersion string
 }
 
 // Engine runs phases.

@@ -28,7 +28,9 @@ type Event struct {
 	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
 	Exception       string `json:"exception,omitempty"`
 	Hosts           int    `json:"hosts,omitempty"`
-	Totals          *Stats `json:"totals,omitempty"`
+	// AnsibleVersion (start) is the ansible-core version that runs the playbook.
+	AnsibleVersion string `json:"ansible_version,omitempty"`
+	Totals         *Stats `json:"totals,omitempty"`
 }
 
 // Stats are the playbook's final per-host counters, summed.
@@ -68,7 +70,9 @@ func ParseEventLine(line []byte) (Event, bool) {
 // Summary is what a run's event stream says.
 type Summary struct {
 	Started bool // the playbook loaded and started (parse errors happen before)
-	Plays   int
+	// AnsibleVersion is the ansible-core version the start event named.
+	AnsibleVersion string
+	Plays          int
 	// LastTask is the most recently started task (the one running at a timeout).
 	LastTask         string
 	LastTaskInternal string
@@ -91,6 +95,7 @@ func (s *Summary) Add(ev Event) {
 	switch ev.Event {
 	case "start":
 		s.Started = true
+		s.AnsibleVersion = ev.AnsibleVersion
 	case "play":
 		s.Plays++
 	case "task":

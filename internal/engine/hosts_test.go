@@ -32,7 +32,7 @@ func testEngine(t *testing.T, mod func(*Options)) *Local {
 	}
 	var mu sync.Mutex
 	pids := map[string]int{}
-	o := Options{AnsiblePlaybook: "/usr/bin/ansible-playbook", CollectionsPath: coll, RolesPath: []string{roles}}
+	o := Options{AnsiblePlaybook: playbookBin(t), CollectionsPath: coll, RolesPath: []string{roles}}
 	o.onStart = func(pid int, dir string) {
 		mu.Lock()
 		pids[dir] = pid
@@ -243,6 +243,7 @@ printf '%s\n' "$KPSSH_VAR_tricky" > /opt/kpssh-test/tricky.txt
 `
 	r := e.Run(ctx, Request{Phase: PhaseInstall, Conn: w.conn(0), Source: Source{Script: install}, Context: c, Timeout: time.Minute})
 	mustOutcome(t, r, Succeeded)
+	mustRunnerAnsible(t, r)
 	if !r.Touched || r.ExitCode != 0 {
 		t.Fatalf("install: %+v", r)
 	}
@@ -337,6 +338,16 @@ func testInlineTasks(t *testing.T, w *world, e *Local) {
 	}
 }
 
+// mustRunnerAnsible fails unless the run's ansible-core is the runner
+// image's (Debian 13: 2.19 or newer), not an older one of the machine.
+func mustRunnerAnsible(t *testing.T, r Result) {
+	t.Helper()
+	var major, minor int
+	if _, err := fmt.Sscanf(r.AnsibleVersion, "%d.%d", &major, &minor); err != nil || major < 2 || major == 2 && minor < 19 {
+		t.Errorf("the phase ran on ansible-core %q, want the runner image's (>= 2.19)", r.AnsibleVersion)
+	}
+}
+
 func testRole(t *testing.T, w *world, e *Local) {
 	h := w.Host(0)
 	c := joinContext(h)
@@ -346,6 +357,7 @@ func testRole(t *testing.T, w *world, e *Local) {
 		}
 		r := e.Run(context.Background(), Request{Phase: p, Conn: w.conn(0), Source: Source{Role: "kpssh_test_role"}, Context: c, Timeout: time.Minute})
 		mustOutcome(t, r, Succeeded)
+		mustRunnerAnsible(t, r)
 	}
 	var inst map[string]any
 	if err := json.Unmarshal([]byte(mustRun(t, w, 0, "cat /var/lib/kpssh-test-role/install.json")), &inst); err != nil {

@@ -434,8 +434,10 @@ func ansiblePlaybook(req Request, ctx Context, rc renderConfig, k kind) string {
 }
 
 // varsFile is the 0600 extra-vars file (-e @vars.yml) of role/task profiles:
-// kpssh (the fixed values), kpssh_vars, kpssh_secrets — every value !unsafe
-// so Ansible never templates it.
+// kpssh (the fixed values), kpssh_vars, kpssh_secrets — each map !unsafe so
+// Ansible never templates a value in it. The tag goes on the map, not on
+// each scalar: ansible-core 2.19 re-resolves an !unsafe scalar as if it were
+// plain, so `!unsafe ""` would load as None and `!unsafe "yes"` as True.
 func varsFile(p Phase, ctx Context) (string, error) {
 	var b strings.Builder
 	b.WriteString("# kpssh phase variables (mode 0600; removed with the run directory)\n")
@@ -451,12 +453,12 @@ func varsFile(p Phase, ctx Context) (string, error) {
 		{"provider_id", ctx.ProviderID},
 		{"taints", ctx.Taints},
 	}
-	b.WriteString("kpssh:\n")
+	b.WriteString("kpssh: !unsafe\n")
 	for _, f := range fixed {
 		if err := checkYAMLString(f.val); err != nil {
 			return "", fmt.Errorf("%s: %w", f.key, err)
 		}
-		fmt.Fprintf(&b, "  %s: %s\n", f.key, yunsafe(f.val))
+		fmt.Fprintf(&b, "  %s: %s\n", f.key, yq(f.val))
 	}
 	for _, m := range []struct {
 		name string
@@ -466,12 +468,12 @@ func varsFile(p Phase, ctx Context) (string, error) {
 			fmt.Fprintf(&b, "%s: {}\n", m.name)
 			continue
 		}
-		fmt.Fprintf(&b, "%s:\n", m.name)
+		fmt.Fprintf(&b, "%s: !unsafe\n", m.name)
 		for _, k := range sortedKeys(m.vals) {
 			if err := checkYAMLString(m.vals[k]); err != nil {
 				return "", fmt.Errorf("%s %s: %w", m.name, k, err)
 			}
-			fmt.Fprintf(&b, "  %s: %s\n", k, yunsafe(m.vals[k]))
+			fmt.Fprintf(&b, "  %s: %s\n", k, yq(m.vals[k]))
 		}
 	}
 	return b.String(), nil

@@ -659,7 +659,7 @@ func decide(f facts, red *Redactor) Result {
 }
 
 func decideRaw(f facts, red *Redactor) Result {
-	res := Result{ExitCode: f.exitCode, Touched: f.sum.Reached}
+	res := Result{ExitCode: f.exitCode, Touched: f.sum.Reached, AnsibleVersion: f.sum.AnsibleVersion}
 	stderr := strings.TrimSpace(red.RedactTail(f.stderr, f.stderrCut))
 	// The connect check inside the script task (connect_check) says in
 	// result_file whether the session was established: it decides Touched

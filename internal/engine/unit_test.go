@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -539,42 +540,66 @@ func TestSweepStale(t *testing.T) {
 
 // ---------------------------------------------------------------- YAML quoting --
 
-// Every value we pass into YAML must come back byte for byte through
-// Ansible's own loader, tagged unsafe (never templated).
+// Every value we pass into YAML must come back byte for byte, as a string,
+// through Ansible's own loader the way it loads `-e @vars.yml` (trusted as
+// a template), and not trusted as a template (never templated). The control
+// map without !unsafe must come back trusted, or the check proves nothing.
 func TestYAMLQuotingRoundTripsThroughAnsible(t *testing.T) {
 	vals := []string{
 		"plain", "", `{{ lookup('pipe', 'id') }}`, "quote \" and \\ backslash", "nl\nand\ttab\rcr",
-		"\x01\x1f\x7f ctrl", "\u0085 nel \u2028 ls \u2029 ps", "\ufeff bom", "émoji 🚀", "- not a list", "key: value", "#comment", "!tag", "'single'", "yes", "~", "  spaces  ",
+		"\x01\x1f\x7f ctrl", "\u0085 nel \u2028 ls \u2029 ps", "\ufeff bom", "émoji 🚀", "- not a list", "key: value", "#comment", "!tag", "'single'", "yes", "~", "  spaces  ", "1", "0x1f", "2026-12-02", "null",
 	}
-	var doc strings.Builder
-	doc.WriteString("vals:\n")
-	for _, v := range vals {
-		doc.WriteString("  - " + yunsafe(v) + "\n")
+	ctx := Context{Vars: map[string]string{}, Secrets: map[string]string{}, NodeName: vals[2], ClusterEndpoint: ""}
+	for i, v := range vals {
+		ctx.Vars[fmt.Sprintf("v%02d", i)] = v
+		ctx.Secrets[fmt.Sprintf("s%02d", i)] = v
+	}
+	doc, err := varsFile(PhaseJoin, ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the control: the same values in a map without the tag
+	doc += "control:\n"
+	for i, v := range vals {
+		doc += fmt.Sprintf("  v%02d: %s\n", i, yq(v))
+	}
+	f := filepath.Join(t.TempDir(), "vars.yml")
+	if err := os.WriteFile(f, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
 	}
 	py := `
 import sys, json
-from ansible.parsing.yaml.loader import AnsibleLoader
-from ansible.utils.unsafe_proxy import AnsibleUnsafe
-d = AnsibleLoader(sys.stdin.read()).get_single_data()
-print(json.dumps([[v, isinstance(v, AnsibleUnsafe)] for v in d["vals"]]))
+from ansible.parsing.dataloader import DataLoader
+from ansible._internal._datatag._tags import TrustedAsTemplate
+d = DataLoader().load_from_file(sys.argv[1], trusted_as_template=True)
+out = {}
+for m in ("kpssh", "kpssh_vars", "kpssh_secrets", "control"):
+    out[m] = {k: [v if isinstance(v, str) else repr(v), TrustedAsTemplate.is_tagged_on(v)] for k, v in d[m].items()}
+print(json.dumps(out))
 `
-	cmd := exec.Command("/usr/bin/python3", "-c", py)
-	cmd.Stdin = strings.NewReader(doc.String())
-	out, err := cmd.Output()
+	// the runner image's Python and ansible (make puts its bin dir first on PATH)
+	out, err := exec.Command("python3", "-c", py, f).Output()
 	if err != nil {
 		t.Fatalf("python: %v", err)
 	}
-	var got [][2]any
+	var got map[string]map[string][2]any
 	if err := jsonUnmarshal(out, &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != len(vals) {
-		t.Fatalf("got %d values", len(got))
-	}
 	for i, v := range vals {
-		if got[i][0] != v || got[i][1] != true {
-			t.Errorf("value %d: %q (unsafe=%v), want %q", i, got[i][0], got[i][1], v)
+		for _, m := range []struct{ name, key string }{{"kpssh_vars", "v"}, {"kpssh_secrets", "s"}, {"control", "v"}} {
+			g := got[m.name][fmt.Sprintf("%s%02d", m.key, i)]
+			wantTrusted := m.name == "control"
+			if g[0] != v || g[1] != wantTrusted {
+				t.Errorf("%s value %d: %q (trusted=%v), want %q (trusted=%v)", m.name, i, g[0], g[1], v, wantTrusted)
+			}
 		}
+	}
+	if g := got["kpssh"]["node_name"]; g[0] != vals[2] || g[1] != false {
+		t.Errorf("kpssh.node_name: %q (trusted=%v), want %q untrusted", g[0], g[1], vals[2])
+	}
+	if g := got["kpssh"]["cluster_endpoint"]; g[0] != "" || g[1] != false {
+		t.Errorf("kpssh.cluster_endpoint: %q (trusted=%v), want an empty untrusted string", g[0], g[1])
 	}
 }
 

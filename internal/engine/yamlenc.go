@@ -40,11 +40,6 @@ func yq(s string) string {
 	return b.String()
 }
 
-// yunsafe renders s as a YAML scalar Ansible never templates (!unsafe): the
-// values we pass (vars, secrets, context) are data, and a value holding
-// "{{ lookup('pipe', …) }}" must not run anything on the controller.
-func yunsafe(s string) string { return "!unsafe " + yq(s) }
-
 // checkYAMLString rejects strings yq cannot carry.
 func checkYAMLString(s string) error {
 	if !utf8.ValidString(s) {

@@ -9,7 +9,7 @@ short_description: JSON-lines event stream for the kpssh engine
 description:
   - Prints one JSON object per line on stdout, one per playbook event, for the
     kpssh controller to parse (C(internal/engine)).
-  - Events C(start), C(play), C(task), C(ok), C(failed), C(unreachable),
+  - Events C(start) (with C(ansible_version), the ansible-core that runs), C(play), C(task), C(ok), C(failed), C(unreachable),
     C(skipped), C(no_hosts) and a final C(stats) line. Host events carry the
     task name, host, rc, msg and bounded stdout/stderr tails.
   - Module arguments (C(invocation)) are never printed. Results of C(no_log)
@@ -24,6 +24,7 @@ import json
 import sys
 
 from ansible.plugins.callback import CallbackBase
+from ansible.release import __version__ as ANSIBLE_VERSION
 
 TAIL = 8192
 
@@ -108,7 +109,7 @@ class CallbackModule(CallbackBase):
     # playbook structure
 
     def v2_playbook_on_start(self, playbook):
-        self._emit(dict(event='start'))
+        self._emit(dict(event='start', ansible_version=ANSIBLE_VERSION))
 
     def v2_playbook_on_play_start(self, play):
         self._emit(dict(event='play', name=play.get_name()))
