@@ -470,6 +470,11 @@ func (l *Local) childEnv(dir *runDir) []string {
 	if l.opts.Verbosity > 0 {
 		env = append(env, "ANSIBLE_VERBOSE_TO_STDERR=True")
 	}
+	if l.opts.Verbosity >= 4 {
+		// ansible-core < 2.19 added ssh -vvv at -vvvv by itself; 2.19 has
+		// its own setting for it
+		env = append(env, "ANSIBLE_SSH_VERBOSITY=3")
+	}
 	return env
 }
 

@@ -634,13 +634,13 @@ func TestRenderMasksSecretsAndNeverShowsKey(t *testing.T) {
 		t.Fatalf("unmasked render: %v", err)
 	}
 
-	// tasks: vars file with !unsafe values; no secret in the environment keyword
+	// tasks: vars file with !unsafe maps; no secret in the environment keyword
 	req.Source = Source{Tasks: "- ansible.builtin.command: /bin/true\n"}
 	out, err = Render(req, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, `activationCode: !unsafe "s3cr3t-value-xyz"`) || !strings.Contains(out, "import_tasks") {
+	if !strings.Contains(out, "kpssh_secrets: !unsafe\n") || !strings.Contains(out, `  activationCode: "s3cr3t-value-xyz"`) || !strings.Contains(out, "import_tasks") {
 		t.Fatalf("tasks render:\n%s", out)
 	}
 	env := out[strings.Index(out, "environment:"):strings.Index(out, "tasks:")]
