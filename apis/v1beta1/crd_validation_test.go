@@ -184,6 +184,7 @@ func manyVars(n int) map[string]any {
 
 func crdCases() []crdCase {
 	const host, nc, prof = "SSHHost", "SSHNodeClass", "SSHJoinProfile"
+	const shimErr = "spec.shimCommand in body should match"
 	setSpec := func(k string, v any) func(map[string]any) {
 		return func(m map[string]any) { spec(m)[k] = v }
 	}
@@ -232,6 +233,19 @@ func crdCases() []crdCase {
 		{name: "trustedSigners rsa key line", kind: host, mut: setSpec("trustedSigners", []any{rsaKey})},
 		{name: "shimCommand 1024", kind: host, mut: setSpec("shimCommand", repeat(1024))},
 		{name: "shimCommand 1025", kind: host, mut: setSpec("shimCommand", repeat(1025)), wantErr: "spec.shimCommand"},
+		{name: "shimCommand empty (the default shim)", kind: host, patch: `spec: {shimCommand: ""}`},
+		{name: "shimCommand absolute path", kind: host, patch: `spec: {shimCommand: /usr/local/sbin/kpssh-shim}`},
+		{name: "shimCommand through sudo", kind: host, patch: `spec: {shimCommand: sudo -n /usr/local/sbin/kpssh-shim}`},
+		{name: "shimCommand with ; command", kind: host, mut: setSpec("shimCommand", "/usr/local/bin/kpssh-shim; touch /tmp/pwned"), wantErr: shimErr},
+		{name: "shimCommand with $(…)", kind: host, mut: setSpec("shimCommand", "$(touch /tmp/pwned)/usr/local/bin/kpssh-shim"), wantErr: shimErr},
+		{name: "shimCommand with backticks", kind: host, mut: setSpec("shimCommand", "`touch /tmp/pwned`kpssh-shim"), wantErr: shimErr},
+		{name: "shimCommand with && command", kind: host, mut: setSpec("shimCommand", "kpssh-shim probe && reboot"), wantErr: shimErr},
+		{name: "shimCommand with | command", kind: host, mut: setSpec("shimCommand", "kpssh-shim | sh"), wantErr: shimErr},
+		{name: "shimCommand with newline", kind: host, mut: setSpec("shimCommand", "kpssh-shim\ntouch /tmp/pwned"), wantErr: shimErr},
+		{name: "shimCommand with tab", kind: host, mut: setSpec("shimCommand", "sudo\tkpssh-shim"), wantErr: shimErr},
+		{name: "shimCommand with redirect", kind: host, mut: setSpec("shimCommand", "kpssh-shim >/etc/passwd"), wantErr: shimErr},
+		{name: "shimCommand with glob", kind: host, mut: setSpec("shimCommand", "/usr/*/kpssh-shim"), wantErr: shimErr},
+		{name: "shimCommand with leading space", kind: host, mut: setSpec("shimCommand", " kpssh-shim"), wantErr: shimErr},
 		{name: "status state enum", kind: host, statusPatch: `status: {state: Bogus}`, wantErr: "status.state"},
 		{name: "status every state", kind: host, statusPatch: `status: {state: Maintenance}`},
 		{name: "status lastPhase result enum", kind: host,

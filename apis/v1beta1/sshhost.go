@@ -63,8 +63,12 @@ type SSHHostSpec struct {
 	// +listType=atomic
 	// +optional
 	TrustedSigners []TrustedSigner `json:"trustedSigners,omitempty"`
-	// ShimCommand overrides how the shim is invoked on a Verified host.
+	// ShimCommand overrides how the shim is invoked on a Verified host:
+	// words of letters, digits and /._+=,@- separated by single spaces
+	// ("/usr/local/sbin/kpssh-shim", "sudo -n /usr/local/sbin/kpssh-shim"),
+	// since it becomes a remote command line.
 	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^([A-Za-z0-9/._+=,@-]+( [A-Za-z0-9/._+=,@-]+)*)?$`
 	// +optional
 	ShimCommand string `json:"shimCommand,omitempty"`
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -21,16 +22,44 @@ const DefaultTimeout = 30 * time.Second
 // without systemctl (or with kubelet unknown) from failing the whole probe.
 const rawCommand = `echo "nproc=$(nproc)"; echo "memtotal_kb=$(awk '/^MemTotal:/{print $2}' /proc/meminfo)"; echo "arch=$(uname -m)"; echo "kubelet=$(systemctl is-active kubelet 2>/dev/null || true)"`
 
+// ShimCommandPattern is what spec.shimCommand may hold: words of letters,
+// digits and /._+=,@- separated by single spaces ("kpssh-shim",
+// "sudo -n /usr/local/sbin/kpssh-shim"), or nothing (the default). The
+// value becomes a remote shell command line, so no shell syntax may pass.
+// It is also the field's CRD pattern (apis/v1beta1 tests that they agree).
+const ShimCommandPattern = `^([A-Za-z0-9/._+=,@-]+( [A-Za-z0-9/._+=,@-]+)*)?$`
+
+// MaxShimCommand is spec.shimCommand's CRD maxLength.
+const MaxShimCommand = 1024
+
+var shimCommandRE = regexp.MustCompile(ShimCommandPattern)
+
+// ValidateShimCommand checks a host's spec.shimCommand against the CRD's
+// rules, for objects stored before the CRD enforced them.
+func ValidateShimCommand(s string) error {
+	if len(s) > MaxShimCommand {
+		return fmt.Errorf("spec.shimCommand is %d characters, more than %d", len(s), MaxShimCommand)
+	}
+	if !shimCommandRE.MatchString(s) {
+		return fmt.Errorf("spec.shimCommand %q does not match %s (words of letters, digits and /._+=,@- separated by single spaces); not probing with it", truncate(s, 80), ShimCommandPattern)
+	}
+	return nil
+}
+
 // Command returns what a probe runs. Verified hosts only run signed scripts
-// behind the shim, whose built-in unsigned `probe` op prints the same lines.
-func Command(verified bool, shimCommand string) string {
+// behind the shim, whose built-in unsigned `probe` op prints the same lines;
+// a shimCommand that is not a plain command line is an error (nothing runs).
+func Command(verified bool, shimCommand string) (string, error) {
 	if !verified {
-		return rawCommand
+		return rawCommand, nil
+	}
+	if err := ValidateShimCommand(shimCommand); err != nil {
+		return "", err
 	}
 	if shimCommand == "" {
 		shimCommand = "kpssh-shim"
 	}
-	return shimCommand + " probe"
+	return shimCommand + " probe", nil
 }
 
 // Facts is what one probe learned.
@@ -115,7 +144,12 @@ type Result struct {
 }
 
 // Run dials the target and probes it within timeout (DefaultTimeout if 0).
+// A shimCommand that Command refuses fails it before any connection.
 func Run(ctx context.Context, t sshx.Target, verified bool, shimCommand string, timeout time.Duration) (Result, error) {
+	cmd, err := Command(verified, shimCommand)
+	if err != nil {
+		return Result{}, err
+	}
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
@@ -127,7 +161,7 @@ func Run(ctx context.Context, t sshx.Target, verified bool, shimCommand string, 
 	}
 	defer c.Close()
 	res := Result{Fingerprint: c.Fingerprint, HostKey: c.HostKey}
-	out, err := c.Run(ctx, Command(verified, shimCommand), nil)
+	out, err := c.Run(ctx, cmd, nil)
 	if err != nil {
 		var ee *sshx.ExitError
 		if errors.As(err, &ee) {

@@ -248,7 +248,11 @@ func TestVerifiedHost(t *testing.T) {
 	}
 
 	t.Run("probe op through ForceCommand", func(t *testing.T) {
-		rc, out := f.sshAsKpssh(probe.Command(true, ""), nil)
+		cmd, err := probe.Command(true, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, out := f.sshAsKpssh(cmd, nil)
 		if rc != 0 {
 			t.Fatalf("probe op exited %d: %s", rc, out)
 		}
