@@ -188,7 +188,9 @@ cmd_up() {
 	[[ -n $ADDRESS ]] || ADDRESS=$(world_address) ||
 		die "usage: controlplane.sh up ADDRESS (no hosts.sh world named '$NAME' to take the bridge address from)"
 	[[ $ADDRESS =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "ADDRESS must be an IPv4 address, got '$ADDRESS'"
-	ip -4 -o addr show | grep -q " $ADDRESS/" || die "no interface of this machine has address $ADDRESS"
+	# Not `ip … | grep -q`: grep exits at the first match and, under pipefail,
+	# ip's SIGPIPE on its next line fails the check (issue 19).
+	grep -qF " $ADDRESS/" <<<"$(ip -4 -o addr show)" || die "no interface of this machine has address $ADDRESS"
 	mkdir -p "$S"
 	chmod 0700 "$S"
 	exec 9>"$S/.lock"
@@ -277,12 +279,14 @@ cmd_down() {
 }
 
 cmd_status() {
-	local c p
+	local c p st
 	[[ -d $S ]] || { echo "plane '$NAME': down"; return 0; }
 	echo "plane '$NAME': https://$(cat "$S/address" 2>/dev/null):6443 kubeconfig $S/admin.kubeconfig"
 	for c in "${COMPONENTS[@]}"; do
 		p=$(pid_of "$c")
-		printf '  %-24s %s\n' "$c" "${p:+running (pid $p)}${p:-stopped}"
+		st=stopped
+		[[ -z $p ]] || st="running (pid $p)"
+		printf '  %-24s %s\n' "$c" "$st"
 	done
 }
 

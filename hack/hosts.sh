@@ -192,7 +192,9 @@ create_world() {
 		ip link add "$BRIDGE" type bridge stp_state 0 forward_delay 0
 		ip link set "$BRIDGE" address "$(mac_of 0)"
 	fi
-	if ! ip -4 -o addr show dev "$BRIDGE" | grep -qw "$SUBNET_PREFIX.$SUBNET_K.1/24"; then
+	# (grep on a here-string: `ip … | grep -q` under pipefail fails when grep
+	# exits early and ip gets SIGPIPE)
+	if ! grep -qwF "$SUBNET_PREFIX.$SUBNET_K.1/24" <<<"$(ip -4 -o addr show dev "$BRIDGE")"; then
 		ip addr add "$SUBNET_PREFIX.$SUBNET_K.1/24" dev "$BRIDGE"
 	fi
 	ip link set "$BRIDGE" up

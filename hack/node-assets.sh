@@ -177,7 +177,9 @@ mv "$TMP/mirror" "$OUT"
 for d in "$CACHE"/*/; do
 	d=${d%/}
 	[[ $d != "$OUT" ]] || continue
-	if cat /run/kpssh-world/*/mirror 2>/dev/null | grep -qxF "$d"; then continue; fi
+	# grep reads the files itself: `cat … | grep -q` under pipefail fails
+	# (and would delete a mirror in use) when grep exits before cat is done.
+	if grep -qxF "$d" /run/kpssh-world/*/mirror 2>/dev/null; then continue; fi
 	rm -rf --one-file-system "$d"
 done
 log "node assets ready in $OUT"
