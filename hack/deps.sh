@@ -3,11 +3,12 @@
 # does nothing when every package is present. Needs root and Debian's apt.
 set -euo pipefail
 
-pkgs=(debootstrap systemd-container iproute2 openssh-client ansible-core kmod iptables
-  # the runner image's rootfs as a sandbox: tests and the demo run its ansible (hack/runner-image.sh --bin)
-  bubblewrap
-  # ansible-lint over roles/ and playbooks/ (test/molecule)
-  ansible-lint
+# No ansible here: every test and the demo run the runner image's own
+# ansible-playbook and ansible-lint (Debian 13's), through the bubblewrap
+# wrappers of hack/runner-image.sh --bin.
+pkgs=(debootstrap systemd-container iproute2 openssh-client kmod iptables bubblewrap
+  # hack/controlplane.sh picks free ports with it
+  python3
   # The runner image (hack/runner-image.sh): built with buildah, run with
   # podman; runc because crun refuses this machine's hybrid cgroup layout.
   buildah podman runc
@@ -16,7 +17,7 @@ pkgs=(debootstrap systemd-container iproute2 openssh-client ansible-core kmod ip
 
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 

@@ -205,3 +205,122 @@ func loadavg() string {
 	data, _ := os.ReadFile("/proc/loadavg")
 	return strings.TrimSpace(string(data))
 }
+
+// BenchmarkTaskOverhead is what one Ansible task costs a role phase: an
+// N-task no-op role (N = 1, 10, 30 `ansible.builtin.command: /bin/true`,
+// changed_when false) run through the engine, against N `true` commands
+// over raw SSH (Go x/crypto/ssh: one connection, one session each) on the
+// same host, in one run. Per-task cost is the slope between N = 1 and
+// N = 30, so the fixed cost of a run (ansible start, connect) drops out; it
+// reports ms per task for both paths and their difference (the overhead a
+// task adds over the SSH round trip it needs anyway).
+//
+//	go test -run '^$' -bench TaskOverhead -benchtime 5x ./internal/engine/
+func BenchmarkTaskOverhead(b *testing.B) {
+	w := upWorld(b, 1)
+	coll, err := FindCollectionsPath()
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := w.Host(0)
+	conn := w.conn(0)
+	ns := []int{1, 10, 30}
+	roles := b.TempDir()
+	for _, n := range ns {
+		var tasks strings.Builder
+		tasks.WriteString("---\n")
+		for i := range n {
+			fmt.Fprintf(&tasks, "- name: No-op %d\n  ansible.builtin.command: /bin/true\n  changed_when: false\n", i)
+		}
+		dir := fmt.Sprintf("%s/kpssh_bench_noop_%d/tasks", roles, n)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(dir+"/join.yml", []byte(tasks.String()), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	e, err := New(Options{AnsiblePlaybook: playbookBin(b), CollectionsPath: coll, RolesPath: []string{roles}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = e.Close() })
+	ctx := context.Background()
+	target := sshx.Target{Address: conn.Address, Port: conn.Port, User: "root", PrivateKey: conn.PrivateKey, ExpectedFingerprint: h.Fingerprint}
+
+	type variant struct {
+		name string
+		run  func() error
+	}
+	var variants []variant
+	for _, n := range ns {
+		req := Request{Phase: PhaseJoin, Conn: conn, Source: Source{Role: fmt.Sprintf("kpssh_bench_noop_%d", n)}, Context: joinContext(h), Timeout: 5 * time.Minute}
+		variants = append(variants, variant{fmt.Sprintf("role-%d", n), func() error {
+			if r := e.Run(ctx, req); r.Outcome != Succeeded {
+				return fmt.Errorf("role of %d tasks: %+v", n, r)
+			}
+			return nil
+		}}, variant{fmt.Sprintf("ssh-%d", n), func() error {
+			c, err := sshx.Dial(ctx, target)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			for range n {
+				if _, err := c.Run(ctx, "true", nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}})
+	}
+	for _, v := range variants { // warm every path
+		if err := v.run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	samples := map[string][]time.Duration{}
+	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+	load0 := loadavg()
+	round := func() {
+		for _, i := range rng.Perm(len(variants)) {
+			v := variants[i]
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			err := e.waitWarm(wctx)
+			cancel()
+			if err != nil {
+				b.Fatalf("warm runner: %v", err)
+			}
+			t0 := time.Now()
+			err = v.run()
+			samples[v.name] = append(samples[v.name], time.Since(t0))
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	rounds := 0
+	for b.Loop() {
+		round()
+		rounds++
+	}
+	for ; rounds < benchMinSamples; rounds++ {
+		round()
+	}
+	med := map[string]float64{}
+	var line strings.Builder
+	for _, v := range variants {
+		med[v.name] = medianMS(samples[v.name])
+		fmt.Fprintf(&line, " %s=%.0f", v.name, med[v.name])
+	}
+	perTask := func(prefix string) float64 { return (med[prefix+"-30"] - med[prefix+"-1"]) / 29 }
+	role, raw := perTask("role"), perTask("ssh")
+	b.ReportMetric(role, "ms/task-role")
+	b.ReportMetric(raw, "ms/task-ssh")
+	b.ReportMetric(role-raw, "ms/task-overhead")
+	b.ReportMetric(0, "ns/op") // a round of all variants: meaningless
+	b.Logf("medians of %d samples (ms):%s", rounds, line.String())
+	b.Logf("per task (slope N=1→30): role %.1f ms vs raw SSH %.1f ms: overhead %.1f ms per task (target ≤ 60 ms idle); fixed cost of a 1-task role %.0f ms vs %.0f ms",
+		role, raw, role-raw, med["role-1"], med["ssh-1"])
+	b.Logf("loadavg before: %s; after: %s", load0, loadavg())
+}
