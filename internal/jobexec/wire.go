@@ -156,6 +156,8 @@ type wireResult struct {
 	ExitCode   int            `json:"exitCode"`
 	Message    string         `json:"message,omitempty"`
 	Touched    bool           `json:"touched,omitempty"`
+	// AnsibleVersion: the pod's ansible-core (bounded, for the same reason as the rest)
+	AnsibleVersion string `json:"ansibleVersion,omitempty"`
 }
 
 // EncodeResult is the termination message of a finished phase: the
@@ -164,7 +166,11 @@ type wireResult struct {
 // failed task's name; outcome, codes and Touched always survive.
 func EncodeResult(r engine.Result) []byte {
 	w := wireResult{Version: WireVersion, Outcome: r.Outcome, DurationMs: r.Duration.Milliseconds(),
-		FailedTask: r.FailedTask, RC: r.RC, ExitCode: r.ExitCode, Message: r.Message, Touched: r.Touched}
+		FailedTask: r.FailedTask, RC: r.RC, ExitCode: r.ExitCode, Message: r.Message, Touched: r.Touched,
+		AnsibleVersion: r.AnsibleVersion}
+	if len(w.AnsibleVersion) > 64 {
+		w.AnsibleVersion = w.AnsibleVersion[:64]
+	}
 	for {
 		b, err := json.Marshal(w)
 		if err != nil { // cannot happen for these field types
@@ -259,9 +265,10 @@ func ParseResult(msg string) (engine.Result, error) {
 	if w.DurationMs < 0 || w.DurationMs > int64(365*24*time.Hour/time.Millisecond) {
 		return engine.Result{}, fmt.Errorf("%w: duration %d ms out of range", ErrNoResult, w.DurationMs)
 	}
-	if !utf8.ValidString(w.Message) || !utf8.ValidString(w.FailedTask) {
+	if !utf8.ValidString(w.Message) || !utf8.ValidString(w.FailedTask) || !utf8.ValidString(w.AnsibleVersion) {
 		return engine.Result{}, fmt.Errorf("%w: invalid UTF-8", ErrNoResult)
 	}
 	return engine.Result{Outcome: w.Outcome, Duration: time.Duration(w.DurationMs) * time.Millisecond,
-		FailedTask: w.FailedTask, RC: w.RC, ExitCode: w.ExitCode, Message: w.Message, Touched: w.Touched}, nil
+		FailedTask: w.FailedTask, RC: w.RC, ExitCode: w.ExitCode, Message: w.Message, Touched: w.Touched,
+		AnsibleVersion: w.AnsibleVersion}, nil
 }
