@@ -86,6 +86,11 @@ cmd_up() {
 	local t0=$SECONDS mirror
 	log "building what is missing (cached after the first run: k8s binaries, host image, node assets, controller) …"
 	mirror=$("$REPO/hack/node-assets.sh")
+	# the runner image's ansible-playbook (Debian 13's ansible-core), as the
+	# controller image would run it
+	local runner_bin
+	runner_bin=$("$REPO/hack/runner-image.sh" --bin | tail -n 1)
+	[[ -x $runner_bin/ansible-playbook ]] || die "hack/runner-image.sh --bin gave no ansible-playbook"
 	(cd "$REPO" && go build -o bin/controller ./cmd/controller)
 	KPSSH_MIRROR=$mirror "$REPO/hack/hosts.sh" up 3
 	local bridge
@@ -108,7 +113,7 @@ cmd_up() {
 		log "starting the controller (log: $RUN/controller.log)"
 		(
 			cd "$REPO"
-			KUBECONFIG=$KCFG DISABLE_LEADER_ELECTION=true POOL_NAMESPACE=$NS PROBE_INTERVAL=5s \
+			KUBECONFIG=$KCFG ANSIBLE_PLAYBOOK=$runner_bin/ansible-playbook DISABLE_LEADER_ELECTION=true POOL_NAMESPACE=$NS PROBE_INTERVAL=5s \
 				BATCH_IDLE_DURATION=1s BATCH_MAX_DURATION=3s METRICS_PORT=18080 HEALTH_PROBE_PORT=18081 \
 				exec setsid bin/controller </dev/null >>"$RUN/controller.log" 2>&1 9>&-
 		) &
