@@ -208,7 +208,8 @@ func loadavg() string {
 
 // BenchmarkTaskOverhead is what one Ansible task costs a role phase: an
 // N-task no-op role (N = 1, 10, 30 `ansible.builtin.command: /bin/true`,
-// changed_when false) run through the engine, against N `true` commands
+// changed_when false) run through the engine (linear strategy, and mitogen's
+// mitogen_linear: Options.MitogenStrategyPath), against N `true` commands
 // over raw SSH (Go x/crypto/ssh: one connection, one session each) on the
 // same host, in one run. Per-task cost is the slope between N = 1 and
 // N = 30, so the fixed cost of a run (ansible start, connect) drops out; it
@@ -240,11 +241,15 @@ func BenchmarkTaskOverhead(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	e, err := New(Options{AnsiblePlaybook: playbookBin(b), CollectionsPath: coll, RolesPath: []string{roles}})
-	if err != nil {
-		b.Fatal(err)
+	newEngine := func(mitogen string) *Local {
+		e, err := New(Options{AnsiblePlaybook: playbookBin(b), CollectionsPath: coll, RolesPath: []string{roles}, MitogenStrategyPath: mitogen})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = e.Close() })
+		return e
 	}
-	b.Cleanup(func() { _ = e.Close() })
+	engines := map[string]*Local{"role": newEngine(""), "mitogen": newEngine(DefaultMitogenStrategyPath)}
 	ctx := context.Background()
 	target := sshx.Target{Address: conn.Address, Port: conn.Port, User: "root", PrivateKey: conn.PrivateKey, ExpectedFingerprint: h.Fingerprint}
 
@@ -255,12 +260,16 @@ func BenchmarkTaskOverhead(b *testing.B) {
 	var variants []variant
 	for _, n := range ns {
 		req := Request{Phase: PhaseJoin, Conn: conn, Source: Source{Role: fmt.Sprintf("kpssh_bench_noop_%d", n)}, Context: joinContext(h), Timeout: 5 * time.Minute}
-		variants = append(variants, variant{fmt.Sprintf("role-%d", n), func() error {
-			if r := e.Run(ctx, req); r.Outcome != Succeeded {
-				return fmt.Errorf("role of %d tasks: %+v", n, r)
-			}
-			return nil
-		}}, variant{fmt.Sprintf("ssh-%d", n), func() error {
+		for _, name := range []string{"role", "mitogen"} {
+			e := engines[name]
+			variants = append(variants, variant{fmt.Sprintf("%s-%d", name, n), func() error {
+				if r := e.Run(ctx, req); r.Outcome != Succeeded {
+					return fmt.Errorf("%s: role of %d tasks: %+v", name, n, r)
+				}
+				return nil
+			}})
+		}
+		variants = append(variants, variant{fmt.Sprintf("ssh-%d", n), func() error {
 			c, err := sshx.Dial(ctx, target)
 			if err != nil {
 				return err
@@ -285,14 +294,16 @@ func BenchmarkTaskOverhead(b *testing.B) {
 	round := func() {
 		for _, i := range rng.Perm(len(variants)) {
 			v := variants[i]
-			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-			err := e.waitWarm(wctx)
-			cancel()
-			if err != nil {
-				b.Fatalf("warm runner: %v", err)
+			for _, e := range engines {
+				wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+				err := e.waitWarm(wctx)
+				cancel()
+				if err != nil {
+					b.Fatalf("warm runner: %v", err)
+				}
 			}
 			t0 := time.Now()
-			err = v.run()
+			err := v.run()
 			samples[v.name] = append(samples[v.name], time.Since(t0))
 			if err != nil {
 				b.Fatal(err)
@@ -314,13 +325,17 @@ func BenchmarkTaskOverhead(b *testing.B) {
 		fmt.Fprintf(&line, " %s=%.0f", v.name, med[v.name])
 	}
 	perTask := func(prefix string) float64 { return (med[prefix+"-30"] - med[prefix+"-1"]) / 29 }
-	role, raw := perTask("role"), perTask("ssh")
+	role, mito, raw := perTask("role"), perTask("mitogen"), perTask("ssh")
 	b.ReportMetric(role, "ms/task-role")
+	b.ReportMetric(mito, "ms/task-mitogen")
 	b.ReportMetric(raw, "ms/task-ssh")
 	b.ReportMetric(role-raw, "ms/task-overhead")
+	b.ReportMetric(mito-raw, "ms/task-overhead-mitogen")
 	b.ReportMetric(0, "ns/op") // a round of all variants: meaningless
 	b.Logf("medians of %d samples (ms):%s", rounds, line.String())
-	b.Logf("per task (slope N=1→30): role %.1f ms vs raw SSH %.1f ms: overhead %.1f ms per task (target ≤ 60 ms idle); fixed cost of a 1-task role %.0f ms vs %.0f ms",
-		role, raw, role-raw, med["role-1"], med["ssh-1"])
+	b.Logf("per task (slope N=1→30): role %.1f ms (mitogen %.1f ms) vs raw SSH %.1f ms: overhead %.1f ms per task (mitogen %.1f ms; target ≤ 60 ms idle)",
+		role, mito, raw, role-raw, mito-raw)
+	b.Logf("fixed cost of a 1-task role: %.0f ms (mitogen %.0f ms) vs %.0f ms over raw SSH; mitogen pays off from %.0f tasks",
+		med["role-1"], med["mitogen-1"], med["ssh-1"], (med["mitogen-1"]-med["role-1"])/max(role-mito, 1e-3)+1)
 	b.Logf("loadavg before: %s; after: %s", load0, loadavg())
 }

@@ -199,6 +199,9 @@ func TestHosts(t *testing.T) {
 			t.Run("ScriptLifecycle", func(t *testing.T) { testScriptLifecycle(t, w, e) })
 			t.Run("InlineTasks", func(t *testing.T) { testInlineTasks(t, w, e) })
 			t.Run("Role", func(t *testing.T) { testRole(t, w, e) })
+			t.Run("RoleMitogen", func(t *testing.T) {
+				testRole(t, w, testEngine(t, func(o *Options) { o.MitogenStrategyPath = DefaultMitogenStrategyPath }))
+			})
 			t.Run("FailingScriptRedacted", func(t *testing.T) { testFailingScript(t, w, e) })
 			t.Run("FailingTask", func(t *testing.T) { testFailingTask(t, w, e) })
 			t.Run("CanarySecret", func(t *testing.T) { testCanary(t, w) })

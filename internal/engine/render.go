@@ -68,6 +68,9 @@ type renderConfig struct {
 	// rendered before its per-phase overhead was cut: the old ansible.cfg,
 	// and the connect check of script profiles as a task of its own.
 	legacyConfig, separateConnect bool
+	// mitogen: the mitogen strategy plugins' directory ("" = off); see
+	// Options.MitogenStrategyPath.
+	mitogen string
 }
 
 // bundle is every file of a run, rendered.
@@ -258,6 +261,11 @@ localhost_warning = False
 	if len(rc.rolesPath) > 0 {
 		fmt.Fprintf(&b, "roles_path = %s\n", strings.Join(rc.rolesPath, ":"))
 	}
+	if rc.mitogen != "" {
+		// only makes the strategy loadable: the role/tasks play names it
+		// (a warm runner's ansible.cfg is written before the run's kind is known)
+		fmt.Fprintf(&b, "strategy_plugins = %s\n", rc.mitogen)
+	}
 	fmt.Fprintf(&b, `
 [inventory]
 enable_plugins = yaml
@@ -408,6 +416,9 @@ func ansiblePlaybook(req Request, ctx Context, rc renderConfig, k kind) string {
 		how = "role " + req.Source.Role
 	}
 	b.WriteString(playHeader(req, how))
+	if rc.mitogen != "" {
+		b.WriteString("  strategy: mitogen_linear\n")
+	}
 	if connUser(req.Conn) != "root" {
 		b.WriteString("  become: true\n")
 	}

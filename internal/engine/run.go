@@ -20,6 +20,9 @@ const (
 	DefaultTimeout        = 10 * time.Minute
 	DefaultKillGrace      = 5 * time.Second
 	DefaultConnectTimeout = 15 * time.Second
+	// DefaultMitogenStrategyPath is where Debian's ansible-mitogen (in the
+	// runner image) keeps its strategy plugins.
+	DefaultMitogenStrategyPath = "/usr/lib/python3/dist-packages/ansible_mitogen/plugins/strategy"
 	// MaxMessage bounds Result.Message.
 	MaxMessage = 2048
 	// stderrTail is how much of ansible-playbook's own stderr is kept.
@@ -53,6 +56,14 @@ type Options struct {
 	Path string
 	// NoRemoteTimeout disables the host-side timeout(1) around scripts.
 	NoRemoteTimeout bool
+	// MitogenStrategyPath, when set, is the directory of mitogen's strategy
+	// plugins (ansible_mitogen/plugins/strategy; in the runner image
+	// DefaultMitogenStrategyPath): role and task-list phases then run with
+	// strategy mitogen_linear — one Python interpreter per host for the whole
+	// play instead of one per module task (docs/performance.md). Script and
+	// verified phases (one task) keep the linear strategy: mitogen's start-up
+	// costs more than it saves there.
+	MitogenStrategyPath string
 	// Verbosity (0–4) passes -v … -vvvv to ansible-playbook, for debugging.
 	// The verbose output goes to ansible's stderr (ANSIBLE_VERBOSE_TO_STDERR:
 	// the stdout event stream stays clean), of which the engine keeps only
@@ -198,6 +209,7 @@ func (l *Local) renderConfig(dir string, timeout time.Duration) renderConfig {
 		python: l.opts.PythonInterpreter, connectTimeout: l.opts.ConnectTimeout,
 		timeout: timeout, remoteTimeout: !l.opts.NoRemoteTimeout,
 		legacyConfig: l.opts.legacyConfig, separateConnect: l.opts.separateConnect,
+		mitogen: l.opts.MitogenStrategyPath,
 	}
 }
 

@@ -643,6 +643,9 @@ func TestRenderMasksSecretsAndNeverShowsKey(t *testing.T) {
 	if !strings.Contains(out, "kpssh_secrets: !unsafe\n") || !strings.Contains(out, `  activationCode: "s3cr3t-value-xyz"`) || !strings.Contains(out, "import_tasks") {
 		t.Fatalf("tasks render:\n%s", out)
 	}
+	if strings.Contains(out, "mitogen") {
+		t.Fatalf("mitogen named without the option:\n%s", out)
+	}
 	env := out[strings.Index(out, "environment:"):strings.Index(out, "tasks:")]
 	if strings.Contains(env, "SECRET") || strings.Contains(env, "BOOTSTRAP_TOKEN") || strings.Contains(env, "s3cr3t") {
 		t.Fatalf("secret in the play environment:\n%s", env)
@@ -688,5 +691,31 @@ func TestBuildRejectsBadConnections(t *testing.T) {
 	}
 	if _, err := build(Request{Phase: PhaseJoin, Conn: good, Source: src}, renderConfig{dir: "/dev/shm/kpssh-x", python: DefaultPythonInterpreter}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// With MitogenStrategyPath, role and task plays name mitogen_linear and the
+// config makes it loadable; script plays (one task) keep the default.
+func TestRenderMitogen(t *testing.T) {
+	rc := renderConfig{dir: "/dev/shm/kpssh-RUN", python: DefaultPythonInterpreter, mitogen: DefaultMitogenStrategyPath}
+	if cfg := ansibleConfig(rc); !strings.Contains(cfg, "strategy_plugins = "+DefaultMitogenStrategyPath+"\n") {
+		t.Errorf("ansible.cfg lacks strategy_plugins:\n%s", cfg)
+	}
+	for _, c := range []struct {
+		src  Source
+		want bool
+	}{
+		{Source{Role: "kpssh_test_role"}, true},
+		{Source{Tasks: "- ansible.builtin.command: /bin/true\n"}, true},
+		{Source{Script: "true\n"}, false},
+	} {
+		req := Request{Phase: PhaseJoin, Conn: testConn(t), Source: c.src, Context: fullContext(), Timeout: time.Minute}
+		b, err := build(req, rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(b.playbook, "  strategy: mitogen_linear\n"); got != c.want {
+			t.Errorf("%+v: strategy mitogen_linear in the play = %v, want %v:\n%s", c.src, got, c.want, b.playbook)
+		}
 	}
 }

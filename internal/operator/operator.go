@@ -50,6 +50,9 @@ func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*eng
 		return nil, fmt.Errorf("kpssh options missing from the context")
 	}
 	eo := engine.Options{AnsiblePlaybook: o.AnsiblePlaybook}
+	if o.AnsibleMitogen {
+		eo.MitogenStrategyPath = engine.DefaultMitogenStrategyPath
+	}
 	// The runner image ships the collection and roles under
 	// /usr/share/kpssh; a checkout (development, the demo) has them in-tree.
 	coll, err := engine.FindCollectionsPath()

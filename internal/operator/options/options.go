@@ -36,6 +36,9 @@ type Options struct {
 	ProbeConcurrency int
 	// AnsiblePlaybook is the ansible-playbook binary; empty = PATH.
 	AnsiblePlaybook string
+	// AnsibleMitogen runs role and task-list phases with mitogen's
+	// strategy (the runner image ships ansible-mitogen).
+	AnsibleMitogen bool
 	// Executor runs phases: "local" (child processes) or "job" (a
 	// Kubernetes Job per phase, internal/jobexec).
 	Executor string
@@ -67,6 +70,7 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 	fs.DurationVar(&o.ProbeTimeout, "probe-timeout", env.WithDefaultDuration("PROBE_TIMEOUT", 30*time.Second), "Timeout of one host probe")
 	fs.IntVar(&o.ProbeConcurrency, "probe-concurrency", env.WithDefaultInt("PROBE_CONCURRENCY", 32), "Maximum concurrent host probes")
 	fs.StringVar(&o.AnsiblePlaybook, "ansible-playbook", env.WithDefaultString("ANSIBLE_PLAYBOOK", ""), "ansible-playbook executable (default: from PATH)")
+	fs.BoolVarWithEnv(&o.AnsibleMitogen, "ansible-mitogen", "ANSIBLE_MITOGEN", false, "Executor local: run role and task-list phases with mitogen's strategy (one Python per host for the play instead of one per module task; docs/performance.md)")
 	fs.StringVar(&o.Executor, "executor", env.WithDefaultString("EXECUTOR", ExecutorLocal), "Where phases run: local (child processes of the controller) or job (a Kubernetes Job per phase)")
 	fs.StringVar(&o.JobNamespace, "job-namespace", env.WithDefaultString("JOB_NAMESPACE", ""), "Executor job: namespace of the phase Jobs and their input Secrets")
 	fs.StringVar(&o.JobImage, "job-image", env.WithDefaultString("JOB_IMAGE", ""), "Executor job: image of the phase pods (the controller image)")
