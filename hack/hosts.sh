@@ -5,10 +5,15 @@
 # hack/rootfs.sh (read-only overlay lower layer), in its own network namespace
 # wired to a per-world bridge, in its own cgroup in every hierarchy.
 #
-#   hosts.sh up N        bring hosts h1..hN up (idempotent; adds missing hosts)
+#   hosts.sh up N [--release R | --releases R1,R2,...]
+#                        bring hosts h1..hN up (idempotent; adds missing hosts)
+#                        booting Debian release R (bookworm, the default, or
+#                        trixie); --releases gives hI release RI, hosts past
+#                        the end of the list get its last entry
 #   hosts.sh down        stop every host, remove bridge, cgroups, state (idempotent)
 #   hosts.sh reboot I    stop + start host I, keeping its disk (overlay upper dir)
 #   hosts.sh wipe I      stop host I, give it a fresh disk, new host key + machine-id, start
+#                        (a host keeps its release for life; reboot, stop/start too)
 #   hosts.sh cut I       take host I's link down        hosts.sh heal I   bring it back
 #   hosts.sh stop I      power host I off (SIGKILL of its PID 1, like a power cut; disk kept)
 #   hosts.sh start I     boot a stopped host I again on the same disk
@@ -17,6 +22,7 @@
 #
 # Environment:
 #   KPSSH_WORLD      world name (default "default"; [A-Za-z0-9_.-], ≤ 100 chars)
+#   KPSSH_HOST_RELEASES  "up" without --release(s): the same as --releases
 #   KPSSH_OWNER_PID  optional: pid owning the world (used by "gc")
 #   KPSSH_CACHE      rootfs cache dir (see hack/rootfs.sh)
 #   KPSSH_SSH_WAIT   seconds to wait for a host's sshd (default 120)
@@ -29,7 +35,8 @@
 # Several worlds can exist at once: each has its own state dir
 # /run/kpssh-world/<world>/, bridge kpb-<tag>, 10.231.<k>.0/24 subnet (bridge
 # .1, host i at .(10+i)), and netns / veth / machine / cgroup names carrying
-# <tag> (8 hex chars of sha256(world)).
+# <tag> (8 hex chars of sha256(world)). Each release's image (hack/rootfs.sh
+# RELEASE) is the read-only lower layer of the world's hosts of that release.
 set -euo pipefail
 export KPSSH_PROG=hosts.sh
 # shellcheck source=hack/lib/common.sh
@@ -40,6 +47,7 @@ RUN_BASE=/run/kpssh-world
 SUBNET_PREFIX=10.231
 HOST_OFFSET=10
 MAX_HOSTS=240
+DEFAULT_RELEASE=bookworm
 SSH_WAIT=${KPSSH_SSH_WAIT:-120}
 # Never inherit nspawn tuning knobs (USE_CGNS=0 breaks boot, UNIFIED_HIERARCHY=1 breaks pods).
 for v in "${!SYSTEMD_NSPAWN_@}"; do unset "$v"; done
@@ -112,7 +120,19 @@ load_world() {
 	# shellcheck source=/dev/null
 	source "$STATE/world.env"
 	[[ ${SUBNET_K:-} =~ ^[0-9]+$ ]] || die "corrupt $STATE/world.env"
+	# (a world made before hosts had releases has one image: ROOTFS, bookworm)
+	[[ -n ${ROOTFS_bookworm:-} || -z ${ROOTFS:-} ]] || ROOTFS_bookworm=$ROOTFS
 }
+
+# world_rootfs RELEASE prints the world's image dir for RELEASE (empty if it
+# has none yet).
+world_rootfs() {
+	local v=ROOTFS_$1
+	echo "${!v:-}"
+}
+
+# usable_rootfs DIR: DIR is a finished host image.
+usable_rootfs() { [[ -n $1 && -x $1/lib/systemd/systemd && -f $1/etc/kpssh-image ]]; }
 
 # alloc_subnet picks a free 10.231.<k>.0/24 (1..254) not used by another world
 # or by any interface on the machine. Caller holds the global lock.
@@ -135,20 +155,25 @@ alloc_subnet() {
 	return 1
 }
 
+# create_world RELEASE...: the world (state, key, cgroups, bridge) with an
+# image for each RELEASE its hosts boot.
 create_world() {
 	mkdir -p "$RUN_BASE"
 	chmod 0755 "$RUN_BASE"
-	local k rootfs
-	# An existing world keeps its image (all its hosts boot the same one).
-	# Otherwise build (or reuse) the image before taking locks: it can take minutes.
-	if load_world && [[ -x ${ROOTFS:-/nonexistent}/lib/systemd/systemd ]]; then
-		rootfs=$ROOTFS
-	else
+	local k rel rootfs images=()
+	# An existing world keeps its image of a release (all its hosts of that
+	# release boot the same one). Otherwise build (or reuse) the image before
+	# taking locks: it can take minutes. (hack/rootfs.sh prunes a release's
+	# images no world.env names any more.)
+	load_world || true
+	for rel in "$@"; do
+		rootfs=$(world_rootfs "$rel")
+		usable_rootfs "$rootfs" && continue
 		# (rootfs.sh prints its own one-line reason on failure)
-		rootfs=$("$REPO/hack/rootfs.sh") || exit 1
-		[[ -d $rootfs && -x $rootfs/lib/systemd/systemd ]] || die "hack/rootfs.sh returned no usable rootfs ($rootfs)"
-		prune_rootfs_cache "$rootfs" || true
-	fi
+		rootfs=$("$REPO/hack/rootfs.sh" "$rel") || exit 1
+		usable_rootfs "$rootfs" || die "hack/rootfs.sh $rel returned no usable rootfs ($rootfs)"
+		images+=("ROOTFS_$rel=$rootfs")
+	done
 	{
 		flock 8
 		if ! load_world; then
@@ -163,13 +188,23 @@ create_world() {
 				WORLD=$WORLD
 				TAG=$TAG
 				SUBNET_K=$k
-				ROOTFS=$rootfs
 				OWNER_PID=${KPSSH_OWNER_PID:-}
 				OWNER_START=$( [[ -n ${KPSSH_OWNER_PID:-} ]] && proc_start "$KPSSH_OWNER_PID" )
 			EOF
 			mv "$STATE/world.env.tmp" "$STATE/world.env"
 		fi
 	} 8>"$RUN_BASE/.lock"
+	# Record the new images (under the world's lock; replaced atomically:
+	# hack/rootfs.sh reads every world.env to know which images are in use).
+	if ((${#images[@]})); then
+		local kv
+		cp "$STATE/world.env" "$STATE/world.env.tmp"
+		for kv in "${images[@]}"; do
+			sed -i "/^${kv%%=*}=/d" "$STATE/world.env.tmp"
+			echo "$kv" >>"$STATE/world.env.tmp"
+		done
+		mv "$STATE/world.env.tmp" "$STATE/world.env"
+	fi
 	load_world
 
 	# Client key pair of the world (what kpssh / the tests log in with).
@@ -227,6 +262,18 @@ host_indices() { # indices of the world's hosts, ascending
 }
 
 host_exists() { [[ -f $(hdir_of "$1")/host.env ]]; }
+
+# host_release I prints the Debian release host I boots (recorded in its
+# host.env when it was made; hosts made before releases existed: bookworm).
+host_release() {
+	local k v rel=""
+	{
+		while IFS='=' read -r k v; do
+			[[ $k == RELEASE ]] && rel=$v
+		done <"$(hdir_of "$1")/host.env"
+	} 2>/dev/null || true
+	echo "${rel:-$DEFAULT_RELEASE}"
+}
 
 # cmdline_has PID WORD: the process's argv contains WORD (no forks: this
 # runs in polling loops).
@@ -352,11 +399,14 @@ host_cgroups() { # I: prints the host's cgroup dir in every hierarchy
 }
 
 start_host() { # I: launch (no wait); requires the disk to exist
-	local i=$1 h machine ns cg root
+	local i=$1 h machine ns cg root rel rootfs
 	h=$(hdir_of "$i")
 	machine=$(machine_of "$i")
 	ns=$(netns_of "$i")
 	[[ -z $(nspawn_pid "$i") ]] || return 0
+	rel=$(host_release "$i")
+	rootfs=$(world_rootfs "$rel")
+	usable_rootfs "$rootfs" || die "h$i: the world has no usable $rel image (${rootfs:-none recorded}); run: KPSSH_WORLD=$WORLD $0 up $i"
 	rm -rf "/run/systemd/nspawn/propagate/$machine"
 	net_up "$i"
 	local cgs=()
@@ -392,7 +442,7 @@ start_host() { # I: launch (no wait); requires the disk to exist
 			--console=read-only --capability=all --bind=/dev/kmsg \
 			--system-call-filter=@keyring --bind="$cdir:/var/lib/containerd" \
 			${mirror:+"--bind-ro=$mirror:/srv/kpssh-mirror"}
-	' kpssh-launch "$h/nspawn.pid" "$ROOTFS" "$h/upper" "$h/work" "$h/merged" "$machine" "$ns" "$h/containerd" \
+	' kpssh-launch "$h/nspawn.pid" "$rootfs" "$h/upper" "$h/work" "$h/merged" "$machine" "$ns" "$h/containerd" \
 		"$mirror" "${cgs[@]}" </dev/null >>"$h/console.log" 2>&1 6>&- 7>&- 8>&- 9>&- &
 	LAUNCH_PID[$i]=$!
 }
@@ -459,7 +509,7 @@ wait_host() {
 	check_cgroup "$i" "$pid1"
 	echo "$pid1" >"$h/pid1"
 	if [[ -n ${START_TS[$i]:-} ]]; then
-		log "h$i ($(ip_of "$i")): ssh ready $(awk -v a="${START_TS[$i]}" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')s after launch"
+		log "h$i ($(host_release "$i"), $(ip_of "$i")): ssh ready $(awk -v a="${START_TS[$i]}" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')s after launch"
 	fi
 }
 
@@ -650,15 +700,57 @@ up_cleanup() {
 	exit "$rc"
 }
 
+# up_releases N LIST: set REL[1..N], the release of each host: the existing
+# hosts' own, the others' from LIST (comma-separated, entry I for hI, the last
+# entry for hosts past its end; empty: bookworm). A LIST naming another
+# release for an existing host is an error: a host keeps its release.
+declare -A REL=()
+up_releases() {
+	local n=$1 list=$2 i want have wants=()
+	[[ -z $list ]] || IFS=, read -ra wants <<<"$list"
+	for want in "${wants[@]}"; do
+		[[ $want =~ ^[a-z][a-z0-9]*$ ]] || die "bad release '$want' in '$list' (a Debian codename such as bookworm or trixie)"
+	done
+	for ((i = 1; i <= n; i++)); do
+		want=$DEFAULT_RELEASE
+		if ((${#wants[@]})); then
+			want=${wants[i <= ${#wants[@]} ? i - 1 : ${#wants[@]} - 1]}
+		fi
+		if host_exists "$i"; then
+			have=$(host_release "$i")
+			[[ -z $list || $have == "$want" ]] ||
+				die "h$i runs $have, not $want: a host keeps its release (down the world, or use another KPSSH_WORLD)"
+			want=$have
+		fi
+		REL[$i]=$want
+	done
+}
+
 cmd_up() {
-	local n=${1:-}
-	[[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= MAX_HOSTS)) || die "usage: hosts.sh up N (1..$MAX_HOSTS)"
+	local n=${1:-} list=${KPSSH_HOST_RELEASES:-}
+	[[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= MAX_HOSTS)) || die "usage: hosts.sh up N [--release R | --releases R1,R2,...] (N: 1..$MAX_HOSTS)"
+	shift
+	while (($#)); do
+		case $1 in
+		--release | --releases)
+			[[ -n ${2:-} ]] || die "usage: hosts.sh up N $1 RELEASE[,...]"
+			[[ $1 == --releases || $2 != *,* ]] || die "--release takes one release; use --releases R1,R2,... for one per host"
+			list=$2
+			shift 2
+			;;
+		--release=* | --releases=*)
+			set -- "${1%%=*}" "${1#*=}" "${@:2}"
+			;;
+		*) die "usage: hosts.sh up N [--release R | --releases R1,R2,...] (unknown argument '$1')" ;;
+		esac
+	done
 	preflight
 	[[ -d $STATE ]] || CREATED_WORLD=1
 	trap up_cleanup EXIT
 	trap 'exit 130' INT TERM
 	lock_world
-	create_world
+	up_releases "$n" "$list"
+	create_world $(printf '%s\n' "${REL[@]}" | sort -u)
 	if [[ -n ${KPSSH_MIRROR:-} ]]; then
 		[[ $KPSSH_MIRROR == /* && -d $KPSSH_MIRROR ]] || die "KPSSH_MIRROR must be an existing absolute directory, got '$KPSSH_MIRROR'"
 		echo "$KPSSH_MIRROR" >"$STATE/mirror"
@@ -675,7 +767,7 @@ cmd_up() {
 			CREATED_HOSTS+=("$i")
 			mkdir -p "$(hdir_of "$i")"
 			new_disk "$i"
-			echo "INDEX=$i" >"$(hdir_of "$i")/host.env"
+			printf 'INDEX=%s\nRELEASE=%s\n' "$i" "${REL[$i]}" >"$(hdir_of "$i")/host.env"
 		fi
 		STARTED_HOSTS+=("$i")
 		start_host "$i"
@@ -803,7 +895,7 @@ cmd_heal() {
 }
 
 # Inventory values need no JSON escaping: world names are [A-Za-z0-9_.-],
-# paths are built from them, keys are base64.
+# paths are built from them, keys are base64, releases [a-z0-9].
 cmd_inventory() {
 	load_world || die "world '$WORLD' is not up"
 	local d i first=1 pub fp pid1 cut
@@ -819,9 +911,9 @@ cmd_inventory() {
 		[[ -f $d/cut ]] && cut=true
 		((first)) || printf ','
 		first=0
-		printf '{"name":"h%s","index":%d,"machine":"kpssh-%s-h%s","address":"%s","port":22,"user":"root","hostKey":"%s","fingerprint":"%s","netns":"kpssh-%s-h%s","veth":"kpv%s%s","mac":"%s","cgroup":"/%s/h%s","pid":%d,"cut":%s}' \
+		printf '{"name":"h%s","index":%d,"machine":"kpssh-%s-h%s","address":"%s","port":22,"user":"root","hostKey":"%s","fingerprint":"%s","netns":"kpssh-%s-h%s","veth":"kpv%s%s","mac":"%s","cgroup":"/%s/h%s","pid":%d,"cut":%s,"release":"%s"}' \
 			"$i" "$i" "$TAG" "$i" "$SUBNET_PREFIX.$SUBNET_K.$((HOST_OFFSET + i))" "$pub" "$fp" "$TAG" "$i" "$TAG" "$i" \
-			"$(mac_of "$i")" "$CG_NAME" "$i" "$pid1" "$cut"
+			"$(mac_of "$i")" "$CG_NAME" "$i" "$pid1" "$cut" "$(host_release "$i")"
 	done
 	printf ']}\n'
 }
@@ -845,8 +937,8 @@ cmd_status() {
 		else
 			st="running, ssh FAILING"
 		fi
-		printf '  h%-3s %-15s %-24s nspawn=%-7s pid1=%-7s %s\n' "$i" "$(ip_of "$i")" "$(machine_of "$i")" \
-			"$(nspawn_pid "$i")" "$(cat "$d/pid1" 2>/dev/null || true)" "$st"
+		printf '  h%-3s %-15s %-24s %-9s nspawn=%-7s pid1=%-7s %s\n' "$i" "$(ip_of "$i")" "$(machine_of "$i")" \
+			"$(host_release "$i")" "$(nspawn_pid "$i")" "$(cat "$d/pid1" 2>/dev/null || true)" "$st"
 	done
 }
 

@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# hack/rootfs.sh — build (once) the Debian bookworm root filesystem used as the
+# hack/rootfs.sh — build (once) the Debian root filesystem used as the
 # read-only lower layer of every kpssh test host (see hack/hosts.sh).
 #
-#   hack/rootfs.sh            build if needed; print the rootfs dir (only stdout line)
+#   hack/rootfs.sh [RELEASE]  build if needed; print the rootfs dir (only stdout line)
+#
+# RELEASE is the Debian release of the image: bookworm (Debian 12, the
+# default) or trixie (Debian 13). Both come from the machine's Debian mirror
+# (hack/lib/apt.sh maps its sources to the release).
 #
 # The result lives in ${KPSSH_CACHE:-<repo>/.cache}/rootfs/<key>/ where <key>
-# hashes this script and hack/host-image/, so editing either of them
-# rebuilds. The build happens in a temp dir that is renamed into place only
-# when complete; concurrent callers wait on a lock and reuse the result.
+# hashes the release, the apt sources, this script and hack/host-image/, so
+# editing either of them rebuilds. The build happens in a temp dir that is
+# renamed into place only when complete; concurrent callers wait on a lock and
+# reuse the result. Older images of the same release are removed unless a
+# world still boots them (/run/kpssh-world/*/world.env).
 #
 # Environment: KPSSH_CACHE (cache dir), KPSSH_ROOTFS_LOG (build log path).
 set -euo pipefail
 export KPSSH_PROG=rootfs.sh
 # shellcheck source=lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+# shellcheck source=lib/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
 
 REPO=$(repo_root)
 HACK=$REPO/hack
 IMAGE=$HACK/host-image/rootfs
-SUITE=bookworm
+RELEASES=(bookworm trixie)
+SUITE=${1:-bookworm}
+[[ " ${RELEASES[*]} " == *" $SUITE "* ]] || die "unsupported release '$SUITE' (supported: ${RELEASES[*]})"
 INCLUDE=python3,openssh-server,iproute2,procps,sudo,ca-certificates
 EXTRA_PKGS=(systemd systemd-sysv dbus iptables kmod)
 # Units that are useless or slow inside a container; masked in the image.
@@ -33,6 +43,7 @@ MASK_UNITS=(
 	dev-hugepages.mount sys-kernel-debug.mount sys-kernel-tracing.mount
 	sys-kernel-config.mount sys-fs-fuse-connections.mount
 	systemd-update-utmp.service systemd-update-utmp-runlevel.service
+	sshd-keygen.service
 )
 
 need_root
@@ -42,12 +53,19 @@ need_cmd sha256sum coreutils
 need_cmd flock util-linux
 need_cmd mount mount
 
+MIRROR=$(debian_mirror)
+# The image's apt sources: the machine's mirrors for SUITE (and its -updates
+# and -security suites).
+SOURCES=$(debian_source_lines_as "$SUITE")
+[[ -n $SOURCES ]] || SOURCES="deb $MIRROR $SUITE main"
+
 # image_key hashes everything that determines the image's content.
 image_key() {
 	(
 		cd "$HACK"
 		{
 			echo "suite=$SUITE include=$INCLUDE extra=${EXTRA_PKGS[*]}"
+			echo "$SOURCES"
 			find rootfs.sh host-image -type f -print0 | LC_ALL=C sort -z |
 				while IFS= read -r -d '' f; do
 					printf '%s %s ' "$f" "$(stat -c %a "$f")"
@@ -65,7 +83,30 @@ MARKER=etc/kpssh-image
 
 is_done() { [[ -f $DEST/$MARKER ]] && grep -qx "key=$KEY" "$DEST/$MARKER"; }
 
+# prune_release: remove the cached images of SUITE other than DEST that no
+# world boots (a world records its images as ROOTFS*=<dir> in its
+# world.env). Images of other releases are left alone. Skipped while the
+# cache is locked (a build is under way).
+prune_release() {
+	local d used suite
+	used=$(sed -n 's/^ROOTFS[A-Za-z0-9_]*=//p' /run/kpssh-world/*/world.env 2>/dev/null || true)
+	(
+		flock -n 9 || exit 0
+		for d in "$BASE"/*/; do
+			d=${d%/}
+			[[ $d != "$DEST" && -f $d/$MARKER ]] || continue
+			suite=$(sed -n 's/^suite=//p' "$d/$MARKER")
+			[[ ${suite:-bookworm} == "$SUITE" ]] || continue
+			grep -qxF "$d" <<<"$used" && continue
+			[[ -z $(mounts_under "$d") ]] || continue
+			log "pruning unused $SUITE host image $d"
+			rm -rf --one-file-system "${d:?}"
+		done
+	) 9>"$BASE/.lock"
+}
+
 if is_done; then
+	prune_release
 	echo "$DEST"
 	exit 0
 fi
@@ -110,12 +151,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-MIRROR=$(debian_mirror)
 start=$(date +%s)
 log "building $SUITE rootfs $KEY from $MIRROR (log: $LOGF)"
 
-# Reuse a shared .deb cache between builds so edits to the image rebuild fast.
-DEBCACHE=$BASE/.debs
+# Reuse a .deb cache (one per release) between builds so edits to the image
+# rebuild fast.
+DEBCACHE=$BASE/.debs/$SUITE
 mkdir -p "$DEBCACHE"
 
 debootstrap --variant=minbase --include="$INCLUDE" --cache-dir="$DEBCACHE" \
@@ -129,6 +170,7 @@ mount -t proc proc "$TMP/proc"
 in_chroot() { chroot "$TMP" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LC_ALL=C "$@"; }
 # The chroot resolves the mirror with the machine's resolver config.
 cp -L /etc/resolv.conf "$TMP/etc/resolv.conf" 2>/dev/null || true
+printf '%s\n' "$SOURCES" >"$TMP/etc/apt/sources.list"
 cp "$DEBCACHE"/*.deb "$TMP/var/cache/apt/archives/" 2>/dev/null || true
 in_chroot apt-get -o Acquire::Retries=3 update >>"$LOGF" 2>&1 || die "apt-get update in the chroot failed (see $LOGF)"
 in_chroot apt-get -o Acquire::Retries=3 install -y --no-install-recommends "${EXTRA_PKGS[@]}" >>"$LOGF" 2>&1 ||
@@ -175,4 +217,6 @@ mv "$TMP/etc/kpssh-image.tmp" "$TMP/$MARKER"
 mv -T "$TMP" "$DEST"
 TMP=
 log "built $DEST in $(($(date +%s) - start))s"
+exec 9>&-
+prune_release
 echo "$DEST"

@@ -7,6 +7,7 @@
 //	out, _, err := w.Run(0, "hostname")   // "h1"
 //	w.Reboot(0); w.Wipe(1); w.Cut(2); w.Heal(2)
 //	w.Stop(1); w.Start(1)                 // power cut, power back
+//	hostenv.UpWith(t, 2, hostenv.Options{Releases: []string{hostenv.Bookworm, hostenv.Trixie}})
 //
 // Host indices are positions in Hosts() (0-based): index 0 is host "h1".
 // It needs root, systemd-nspawn (systemd-container), debootstrap, iproute2
@@ -48,7 +49,14 @@ type Host struct {
 	Cgroup      string `json:"cgroup"`      // the host's cgroup path in every hierarchy
 	PID         int    `json:"pid"`         // machine PID of the host's PID 1 (0: not running)
 	Cut         bool   `json:"cut"`         // link taken down by Cut
+	Release     string `json:"release"`     // Debian release the host boots: Bookworm or Trixie (kept by Wipe)
 }
+
+// Debian releases a host can boot (hack/rootfs.sh RELEASE).
+const (
+	Bookworm = "bookworm" // Debian 12: systemd 252, OpenSSH 9.2, Python 3.11
+	Trixie   = "trixie"   // Debian 13: systemd 257, OpenSSH 10.0, Python 3.13
+)
 
 // Inventory is the JSON printed by `hosts.sh inventory`.
 type Inventory struct {
@@ -74,6 +82,7 @@ type world struct {
 	name     string
 	script   string
 	mirror   string // Options.Mirror
+	releases string // Options.Releases, comma-separated (KPSSH_HOST_RELEASES)
 	mu       sync.Mutex
 	inv      Inventory
 	watchdog *os.Process
@@ -108,6 +117,12 @@ type Options struct {
 	// at /srv/kpssh-mirror; containerd imports its images/*.tar when it
 	// starts (hosts.sh's KPSSH_MIRROR).
 	Mirror string
+	// Releases are the Debian releases of the hosts: Releases[i] for host i,
+	// hosts past the end (Scale) get the last entry, so {Trixie} makes every
+	// host trixie. Empty: hosts.sh's default (bookworm), or what
+	// KPSSH_HOST_RELEASES in the test's environment says, which runs a whole
+	// suite's worlds on another release. A host keeps its release for life.
+	Releases []string
 }
 
 // UpWith is Up with options.
@@ -124,7 +139,8 @@ func UpWith(t testing.TB, n int, o Options) *World {
 	if err != nil {
 		t.Fatalf("hostenv: %v", err)
 	}
-	w := &World{t: t, world: &world{name: worldName(t.Name()), script: script, mirror: o.Mirror}}
+	w := &World{t: t, world: &world{name: worldName(t.Name()), script: script, mirror: o.Mirror,
+		releases: strings.Join(o.Releases, ",")}}
 
 	// Reap worlds left behind by test processes that died.
 	if out, err := w.hosts(5*time.Minute, "gc"); err != nil {
@@ -144,7 +160,7 @@ func UpWith(t testing.TB, n int, o Options) *World {
 	if got := len(w.Hosts()); got < n {
 		t.Fatalf("hostenv: world %s: inventory lists %d hosts, want %d", w.name, got, n)
 	}
-	t.Logf("hostenv: world %s: %d hosts up in %v (bridge %s)", w.name, n, time.Since(start).Round(time.Millisecond), w.inv.BridgeAddress)
+	t.Logf("hostenv: world %s: %d hosts up in %v (bridge %s, %s)", w.name, n, time.Since(start).Round(time.Millisecond), w.inv.BridgeAddress, w.releaseSummary())
 	return w
 }
 
@@ -262,6 +278,15 @@ func (w *world) Inventory() Inventory {
 
 // Hosts returns the world's hosts (index i is host "h<i+1>").
 func (w *world) Hosts() []Host { return w.Inventory().Hosts }
+
+// releaseSummary is "h1 bookworm, h2 trixie, ...".
+func (w *world) releaseSummary() string {
+	var parts []string
+	for _, h := range w.Hosts() {
+		parts = append(parts, h.Name+" "+h.Release)
+	}
+	return strings.Join(parts, ", ")
+}
 
 // AnsibleInventory is a YAML inventory for ansible-playbook naming host i,
 // logged in to as root with the world's key, its host key pinned.
@@ -513,6 +538,9 @@ func (w *world) command(ctx context.Context, args ...string) *exec.Cmd {
 	)
 	if w.mirror != "" {
 		c.Env = append(c.Env, "KPSSH_MIRROR="+w.mirror)
+	}
+	if w.releases != "" {
+		c.Env = append(c.Env, "KPSSH_HOST_RELEASES="+w.releases)
 	}
 	c.Stdin = nil
 	// On timeout, kill the script (hosts it launched are detached and are

@@ -42,11 +42,22 @@ var shadowedSysctls = map[string]string{
 	"kernel.keys.root_maxbytes": "25000000",
 }
 
+// What each release's hosts report (/etc/os-release, python3).
+var releaseFacts = map[string]struct{ versionID, python string }{
+	hostenv.Bookworm: {"12", "3.11"},
+	hostenv.Trixie:   {"13", "3.13"},
+}
+
+// TestWorld runs one mixed world: h1 and h3 boot Debian 13 (trixie), h2
+// Debian 12 (bookworm), so every step below (reboot and wipe on h1, power
+// off on h3, cut on h2, ...) runs on hosts of both releases; the rest of the
+// tests' worlds are bookworm.
 func TestWorld(t *testing.T) {
 	t.Parallel()
 	before := snapshotMachine(t)
 
-	w := hostenv.Up(t, 3)
+	releases := []string{hostenv.Trixie, hostenv.Bookworm, hostenv.Trixie}
+	w := hostenv.UpWith(t, 3, hostenv.Options{Releases: releases})
 	inv := w.Inventory()
 	hosts := w.Hosts()
 	if len(hosts) != 3 {
@@ -83,6 +94,42 @@ func TestWorld(t *testing.T) {
 			}
 			if _, err := os.Stat("/run/netns/" + h.Netns); err != nil {
 				t.Errorf("%s netns: %v", h.Name, err)
+			}
+		}
+	})
+
+	t.Run("releases", func(t *testing.T) {
+		w := w.WithT(t)
+		// One round trip per host: the release it runs, that python3 works,
+		// that systemd came up clean (no failed unit: the kpssh units
+		// included), the sshd drop-in in effect, the shadowed sysctls.
+		const probe = `. /etc/os-release; echo "codename=$VERSION_CODENAME"; echo "version_id=$VERSION_ID"
+python3 -c 'import sys; print("python=%d.%d" % sys.version_info[:2])'
+echo "system=$(systemctl is-system-running)"
+echo "kpssh_units=$(systemctl is-active kpssh-cgroup-rw kpssh-sysctl-shadow kpssh-sysfs-net | xargs)"
+sshd -T | awk '$1 ~ /^(permitrootlogin|passwordauthentication|kbdinteractiveauthentication)$/ { print "sshd_" $1 "=" $2 }'
+echo "overcommit=$(cat /proc/sys/vm/overcommit_memory)"`
+		for i, h := range hosts {
+			if h.Release != releases[i] {
+				t.Errorf("%s: inventory release %q, want %q", h.Name, h.Release, releases[i])
+			}
+			facts := releaseFacts[releases[i]]
+			got := map[string]string{}
+			for _, l := range strings.Split(w.MustRun(i, probe), "\n") {
+				if k, v, ok := strings.Cut(l, "="); ok {
+					got[k] = v
+				}
+			}
+			want := map[string]string{
+				"codename": releases[i], "version_id": facts.versionID, "python": facts.python,
+				"system": "running", "kpssh_units": "active active active",
+				"sshd_permitrootlogin": "without-password", "sshd_passwordauthentication": "no",
+				"sshd_kbdinteractiveauthentication": "no", "overcommit": shadowedSysctls["vm.overcommit_memory"],
+			}
+			for k, v := range want {
+				if got[k] != v {
+					t.Errorf("%s (%s): %s = %q, want %q", h.Name, releases[i], k, got[k], v)
+				}
 			}
 		}
 	})
@@ -373,6 +420,9 @@ systemctl start `+startedUnit)
 		if got := w.MustRun(0, "hostname"); got != "h1" {
 			t.Errorf("hostname after wipe %q", got)
 		}
+		if got := w.MustRun(0, ". /etc/os-release; echo $VERSION_CODENAME"); now.Release != old.Release || got != old.Release {
+			t.Errorf("wipe changed the release: %s before, inventory %s, os-release %s after", old.Release, now.Release, got)
+		}
 		checkCgroup(t, now)
 	})
 
@@ -410,9 +460,14 @@ done
 systemctl daemon-reload
 systemctl enable --now `+enabledUnit+`
 systemctl start `+startedUnit)
-		if n := countSub(w.Procs(2), "sleep infinity"); n != 2 {
-			t.Errorf("Procs(h3) lists %d sleep processes, want 2: %q", n, w.Procs(2))
-		}
+		// (Type=simple: start returns once the unit's process is forked, maybe
+		// before it execs sleep; trixie's systemd-executor widens that gap)
+		waitFor(t, 10*time.Second, func() error {
+			if procs := w.Procs(2); countSub(procs, "sleep infinity") != 2 {
+				return fmt.Errorf("Procs(h3) lists %d sleep processes, want 2: %q", countSub(procs, "sleep infinity"), procs)
+			}
+			return nil
+		})
 		if n := countSub(w.Procs(1), "sleep infinity"); n != 0 {
 			t.Errorf("Procs(h2) lists h3's processes: %q", w.Procs(1))
 		}
@@ -450,6 +505,18 @@ systemctl start `+startedUnit)
 				t.Errorf("up 3 on a healthy world restarted %s (pid %d -> %d)", h.Name, pids[h.Name], h.PID)
 			}
 		}
+		// A host keeps its release: asking for another fails in one line
+		// and touches nothing.
+		out, err := hostsCmd(t, w.Name(), "up", "3", "--release", hostenv.Bookworm).CombinedOutput()
+		if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); err == nil || len(lines) != 1 || !strings.Contains(lines[0], "keeps its release") {
+			t.Errorf("up 3 --release bookworm on a world whose h1 is trixie: err=%v, want one line saying a host keeps its release:\n%s", err, out)
+		}
+		w.Refresh()
+		for _, h := range w.Hosts() {
+			if h.PID != pids[h.Name] {
+				t.Errorf("a refused up restarted %s (pid %d -> %d)", h.Name, pids[h.Name], h.PID)
+			}
+		}
 		w.Scale(4)
 		if n := len(w.Hosts()); n != 4 {
 			t.Fatalf("after up 4: %d hosts", n)
@@ -461,6 +528,10 @@ systemctl start `+startedUnit)
 		}
 		if got := w.MustRun(3, "hostname"); got != "h4" {
 			t.Errorf("h4 hostname %q", got)
+		}
+		// A host past the end of Options.Releases gets its last entry.
+		if got := w.MustRun(3, ". /etc/os-release; echo $VERSION_CODENAME"); got != releases[len(releases)-1] || w.Host(3).Release != got {
+			t.Errorf("h4 runs %q (inventory %q), want %s", got, w.Host(3).Release, releases[len(releases)-1])
 		}
 		checkCgroup(t, w.Host(3))
 	})
@@ -552,6 +623,16 @@ func TestClearErrors(t *testing.T) {
 		}
 		if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "root") {
 			t.Errorf("want one line saying root is needed, got:\n%s", out)
+		}
+	})
+	t.Run("unknown release", func(t *testing.T) {
+		name := fmt.Sprintf("badrelease-%d", os.Getpid())
+		out, err := hostsCmd(t, name, "up", "1", "--release", "hamm").CombinedOutput()
+		if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); err == nil || len(lines) != 1 || !strings.Contains(lines[0], "hamm") {
+			t.Errorf("up --release hamm: err=%v, want a one-line failure naming the release:\n%s", err, out)
+		}
+		if _, err := os.Stat("/run/kpssh-world/" + name); !os.IsNotExist(err) {
+			t.Errorf("failed up left a state dir: %v", err)
 		}
 	})
 	t.Run("bad world name", func(t *testing.T) {
