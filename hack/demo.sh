@@ -6,8 +6,12 @@
 # 0 → 2 → 0 and a timeline of what happened on each host is printed. Everything
 # stays running afterwards, to explore with kubectl.
 #
-#   hack/demo.sh [up]   build what is missing, (re)start, run the scale cycle
-#   hack/demo.sh down   stop the controller, the control plane and the hosts
+#   hack/demo.sh [up]           build what is missing, (re)start, run the scale
+#                               cycle; hosts join with the role profile
+#                               `tls-bootstrap` (roles/tls_bootstrap)
+#   hack/demo.sh up --script    the same with the bash-script twin
+#                               `tls-bootstrap-script` (KPSSH_DEMO_PROFILE=script)
+#   hack/demo.sh down           stop the controller, the control plane and the hosts
 #
 # Re-runnable: a second `up` reuses the running world and runs the cycle again
 # (then the hosts rejoin warm: no install phase).
@@ -97,10 +101,14 @@ cmd_up() {
 	bridge=$("$REPO/hack/hosts.sh" inventory | jq -r .bridgeAddress)
 	"$REPO/hack/controlplane.sh" up "$bridge"
 
-	log "applying the examples"
-	kc apply -f "$REPO/examples/scripts/profile-tls-bootstrap.yaml" >/dev/null
+	log "applying the examples (join profile: $PROFILE)"
+	kc apply -f "$REPO/examples/profile-tls-bootstrap.yaml" -f "$REPO/examples/scripts/profile-tls-bootstrap.yaml" >/dev/null
 	local f
-	for f in cni nodeclass nodepool; do kc apply -f "$REPO/test/e2e/testdata/$f.yaml" >/dev/null; done
+	for f in cni nodepool; do kc apply -f "$REPO/test/e2e/testdata/$f.yaml" >/dev/null; done
+	# the e2e node class (the world's mirror, nspawn settings) with the chosen profile
+	sed "s/^    name: tls-bootstrap-script\$/    name: $PROFILE/" "$REPO/test/e2e/testdata/nodeclass.yaml" | kc apply -f - >/dev/null
+	[[ $(kc get sshnodeclass pool -o jsonpath='{.spec.joinProfileRef.name}') == "$PROFILE" ]] ||
+		die "node class pool does not name profile $PROFILE (test/e2e/testdata/nodeclass.yaml changed?)"
 	kc get deployment -n default pause >/dev/null 2>&1 || kc apply -f "$REPO/test/e2e/testdata/workload.yaml" >/dev/null
 	kc create namespace "$NS" --dry-run=client -o yaml | kc apply -f - >/dev/null
 	kc -n "$NS" create secret generic world-key --from-file=privateKey="$("$REPO/hack/hosts.sh" inventory | jq -r .clientKey)" \
@@ -207,6 +215,8 @@ explore() {
 	EOF
 }
 
+PROFILE=tls-bootstrap
+[[ ${KPSSH_DEMO_PROFILE:-} == script || ${2:-} == --script ]] && PROFILE=tls-bootstrap-script
 case ${1:-up} in
 up) cmd_up ;;
 down) cmd_down ;;
