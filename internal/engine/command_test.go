@@ -16,10 +16,10 @@ func TestScriptCommand(t *testing.T) {
 		rc   renderConfig
 		want string
 	}{
-		{root, rc, "timeout -k 5 91 bash -s kpssh-1-2"},
-		{user, rc, "sudo -n timeout -k 5 91 bash -s kpssh-1-2"},
-		{root, renderConfig{tag: "kpssh-1-2"}, `sh -c 'bash -s "$0"; exit $?' kpssh-1-2`},
-		{user, renderConfig{tag: "kpssh-1-2"}, `sudo -n sh -c 'bash -s "$0"; exit $?' kpssh-1-2`},
+		{root, rc, "flock -w 91 /run/kpssh-phase.lock timeout -k 5 91 bash -s kpssh-1-2"},
+		{user, rc, "sudo -n flock -w 91 /run/kpssh-phase.lock timeout -k 5 91 bash -s kpssh-1-2"},
+		{root, renderConfig{tag: "kpssh-1-2"}, `flock /run/kpssh-phase.lock sh -c 'bash -s "$0"; exit $?' kpssh-1-2`},
+		{user, renderConfig{tag: "kpssh-1-2"}, `sudo -n flock /run/kpssh-phase.lock sh -c 'bash -s "$0"; exit $?' kpssh-1-2`},
 		{root, renderConfig{}, "bash -s"},
 	} {
 		if got := scriptCommand(tc.req, tc.rc); got != tc.want {

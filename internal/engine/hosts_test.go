@@ -221,6 +221,7 @@ func TestHosts(t *testing.T) {
 		t.Run("TimeoutStopsHostScript", func(t *testing.T) { testTimeoutStopsHostScript(t, w) })
 		t.Run("CanceledStopsHostScript", func(t *testing.T) { testCanceled(t, w) })
 		t.Run("CutLinkUnreachable", func(t *testing.T) { testCutLink(t, w) })
+		t.Run("PhaseLockWaitsForPredecessor", func(t *testing.T) { testPhaseLock(t, w) })
 	})
 }
 
@@ -801,6 +802,24 @@ func testCutLink(t *testing.T, w *world) {
 	}
 	if el := time.Since(start); el > 20*time.Second {
 		t.Fatalf("unreachable took %s with a 3s connect timeout", el)
+	}
+}
+
+// A script phase waits for the one still running on the host (what a
+// controller crash or a cancel leaves behind: the remote script outlives its
+// SSH connection) instead of running beside it: the predecessor holds the
+// host's phase lock, as every script phase does, and the new run's script
+// starts only once the predecessor ended.
+func testPhaseLock(t *testing.T, w *world) {
+	e := testEngine(t, nil)
+	mustRun(t, w, 2, "rm -f /tmp/kpssh-lock.log")
+	// the predecessor: the lock as scriptCommand takes it, held for 6 s
+	mustRun(t, w, 2, "setsid -f flock "+hostPhaseLock+" sh -c 'echo start-A >>/tmp/kpssh-lock.log; sleep 6; echo end-A >>/tmp/kpssh-lock.log' </dev/null >/dev/null 2>&1; "+
+		"for i in $(seq 50); do [ -s /tmp/kpssh-lock.log ] && exit 0; sleep 0.1; done; exit 1")
+	r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(2), Source: Source{Script: "echo B >>/tmp/kpssh-lock.log\n"}, Context: joinContext(w.Host(2)), Timeout: time.Minute})
+	mustOutcome(t, r, Succeeded)
+	if got := mustRun(t, w, 2, "cat /tmp/kpssh-lock.log"); got != "start-A\nend-A\nB" {
+		t.Fatalf("host log %q: the phase ran beside its predecessor (want start-A, end-A, B)", got)
 	}
 }
 

@@ -24,6 +24,10 @@ const DefaultPythonInterpreter = "/usr/bin/python3"
 // between SIGTERM and SIGKILL.
 const remoteKillAfter = 5
 
+// hostPhaseLock is the host-side lock every script phase holds while it runs
+// (on /run: gone with a reboot, as the scripts it guards are).
+const hostPhaseLock = "/run/kpssh-phase.lock"
+
 var (
 	addressRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.:%_-]{0,252})$`)
 	userRE    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,31}$`)
@@ -330,14 +334,20 @@ func connectTask() string {
 // stays alive and carries the tag too — timeout(1), which also bounds the
 // script on the host with the phase timeout, or a plain sh. The controller
 // stops an interrupted script by the sessions of the tagged processes.
+//
+// With a tag, the script first takes the host's phase lock (flock(1) on
+// hostPhaseLock): a phase resumed after a controller crash or a cancel waits
+// for its predecessor's script, still running on the host, to end (bounded
+// by the phase timeout, as that script is) instead of running beside it —
+// two joins restarting one kubelet mid-bootstrap send two CSRs.
 func scriptCommand(req Request, rc renderConfig) string {
 	var cmd string
 	switch {
 	case rc.remoteTimeout && rc.timeout > 0:
 		secs := int(math.Ceil(rc.timeout.Seconds()))
-		cmd = fmt.Sprintf("timeout -k %d %d bash -s %s", remoteKillAfter, secs, rc.tag)
+		cmd = fmt.Sprintf("flock -w %d %s timeout -k %d %d bash -s %s", secs, hostPhaseLock, remoteKillAfter, secs, rc.tag)
 	case rc.tag != "":
-		cmd = `sh -c 'bash -s "$0"; exit $?' ` + rc.tag
+		cmd = fmt.Sprintf(`flock %s sh -c 'bash -s "$0"; exit $?' %s`, hostPhaseLock, rc.tag)
 	default:
 		cmd = "bash -s"
 	}

@@ -658,7 +658,7 @@ func TestRenderMasksSecretsAndNeverShowsKey(t *testing.T) {
 	}
 	req.Source = Source{Script: "id"}
 	out, _ = Render(req, true)
-	if !strings.Contains(out, `cmd: "sudo -n timeout -k 5 600 bash -s kpssh-RUN"`) {
+	if !strings.Contains(out, `cmd: "sudo -n flock -w 600 /run/kpssh-phase.lock timeout -k 5 600 bash -s kpssh-RUN"`) {
 		t.Fatalf("no sudo -n:\n%s", out)
 	}
 }
