@@ -847,6 +847,9 @@ func TestConfigErrorsBeforeHost(t *testing.T) {
 			if r.Outcome != ConfigError || r.Touched {
 				t.Fatalf("result %+v", r)
 			}
+			if name == "unknown module" && !strings.Contains(r.Message, "no.such.module_here") {
+				t.Errorf("the message does not name the missing module: %q", r.Message)
+			}
 			if r.Duration > 30*time.Second {
 				t.Fatalf("took %s", r.Duration)
 			}

@@ -172,6 +172,21 @@ func TestOutcomeTable(t *testing.T) {
 			},
 		},
 		{
+			// written for ansible-core 2.14, which took any non-empty string
+			// as true: 2.19 refuses a conditional that is not a boolean.
+			// lastPhase gets Ansible's own words, not a Python trace.
+			name: "2.14 conditional/tasks", conn: "proxy",
+			src:  Source{Tasks: "- name: old style conditional\n  ansible.builtin.command: touch /tmp/kpssh-outcome-old-cond\n  when: \"'enabled'\"\n"},
+			want: Failed, touched: true, task: "old style conditional", exit: 2, started: true,
+			msg: []string{"Conditional result", "str"},
+			check: func(t *testing.T, r Result, pid int, dir string) {
+				if strings.Contains(r.Message, "Traceback") {
+					t.Errorf("a Python trace in the message: %q", r.Message)
+				}
+				hostHas("/tmp/kpssh-outcome-old-cond", false)(t, r, pid, dir)
+			},
+		},
+		{
 			// the same without no_log: Ansible's undefined-variable message
 			// names the key
 			name: "missing secret/tasks", conn: "proxy", ctx: noSecrets,
