@@ -1,0 +1,151 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright kpssh maintainers. Apache-2.0.
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: host_state
+short_description: Learn what a phase needs to know about the host in one round trip
+description:
+  - Reads small files, tests paths, runs read-only commands and reads systemd
+    units' state, all in one module run, so a role learns the host's state
+    with one task instead of one C(stat)/C(slurp)/C(command)/C(systemd) task
+    each (every module task is a round trip plus a Python start on the host).
+  - Never changes anything; never fails because a file, command or unit is
+    missing (that is what it reports). Supports check mode.
+version_added: 0.2.0
+options:
+  read:
+    description: Files whose text is returned (at most 64 KiB each); a missing file reads as null.
+    type: list
+    elements: path
+    default: []
+  exists:
+    description: Paths reported as existing or not.
+    type: list
+    elements: path
+    default: []
+  glob:
+    description: Patterns whose matches are returned (sorted).
+    type: list
+    elements: str
+    default: []
+  commands:
+    description: Read-only commands (argv lists, no shell) by name; each returns rc and stdout/stderr (rc null when it cannot start).
+    type: dict
+    default: {}
+  units:
+    description: systemd units whose ActiveState, SubState and UnitFileState are returned.
+    type: list
+    elements: str
+    default: []
+author:
+  - kpssh maintainers
+'''
+
+EXAMPLES = r'''
+- name: Learn the host's state
+  dklesev.kpssh.host_state:
+    read: [/var/lib/kubelet/kpssh-node-name]
+    exists: [/etc/kubernetes/kubelet.conf]
+    commands:
+      kubelet_version: [/usr/local/bin/kubelet, --version]
+    units: [kubelet.service]
+  register: state
+'''
+
+RETURN = r'''
+read:
+  description: Path to text (null when missing or unreadable).
+  type: dict
+  returned: always
+exists:
+  description: Path to bool.
+  type: dict
+  returned: always
+glob:
+  description: Pattern to the sorted list of matches.
+  type: dict
+  returned: always
+commands:
+  description: Name to C({rc, stdout, stderr}).
+  type: dict
+  returned: always
+units:
+  description: Unit to C({ActiveState, SubState, UnitFileState}) (empty strings for an unknown unit).
+  type: dict
+  returned: always
+'''
+
+import glob
+import os
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+
+MAX_READ = 64 * 1024
+TAIL = 8192
+
+
+def _read(path):
+    try:
+        with open(path, 'rb') as f:
+            data = f.read(MAX_READ + 1)
+    except OSError:
+        return None
+    return data[:MAX_READ].decode('utf-8', 'replace')
+
+
+def _run(argv, timeout=60):
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        return dict(rc=None, stdout='', stderr=str(e))
+    return dict(rc=p.returncode, stdout=p.stdout.decode('utf-8', 'replace')[-TAIL:],
+                stderr=p.stderr.decode('utf-8', 'replace')[-TAIL:])
+
+
+def _units(names):
+    out = {n: dict(ActiveState='', SubState='', UnitFileState='') for n in names}
+    if not names:
+        return out
+    r = _run(['systemctl', 'show', '--property=Id,ActiveState,SubState,UnitFileState', '--'] + list(names))
+    # one block per unit, in the order asked, separated by blank lines
+    blocks = [b for b in r['stdout'].split('\n\n')]
+    for name, block in zip(names, blocks):
+        for line in block.splitlines():
+            k, _, v = line.partition('=')
+            if k in out[name]:
+                out[name][k] = v
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            read=dict(type='list', elements='path', default=[]),
+            exists=dict(type='list', elements='path', default=[]),
+            glob=dict(type='list', elements='str', default=[]),
+            commands=dict(type='dict', default={}),
+            units=dict(type='list', elements='str', default=[]),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    commands = {}
+    for name, argv in p['commands'].items():
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            module.fail_json(msg='commands.%s must be a non-empty list of strings (argv, no shell)' % name)
+        commands[name] = _run(argv)
+    module.exit_json(
+        changed=False,
+        read={path: _read(path) for path in p['read']},
+        exists={path: os.path.lexists(path) for path in p['exists']},
+        glob={pat: sorted(glob.glob(pat)) for pat in p['glob']},
+        commands=commands,
+        units=_units(p['units']),
+    )
+
+
+if __name__ == '__main__':
+    main()
