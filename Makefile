@@ -54,9 +54,10 @@ deps:
 k8s-bins:
 	@hack/k8s-bins.sh >/dev/null
 
-## rootfs: the test-host image (cached)
+## rootfs: the test-host images, Debian 12 and Debian 13 (cached)
 rootfs:
 	@hack/rootfs.sh >/dev/null
+	@hack/rootfs.sh trixie >/dev/null
 
 ## runner-image: the runner image, built here with buildah from a debootstrapped base (cached; prints its ref)
 runner-image: deps

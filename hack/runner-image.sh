@@ -387,10 +387,12 @@ build_bin() {
 	take_lock
 	export_root "$IMG" "$sb/root"
 	export_root "$LINT_IMG" "$sb/lint-root"
+	# Older keys: the newest three stay, a test run that started before this
+	# build may still be running their wrappers.
 	local d
-	for d in "$RC"/sandbox/*/; do # older keys
-		[[ -d $d && ${d%/} != "$sb" ]] && rm -rf --one-file-system "${d%/}"
-	done
+	while IFS= read -r d; do
+		[[ -n $d && $d != "$sb" ]] && rm -rf --one-file-system "${d:?}"
+	done < <(ls -1dt "$RC"/sandbox/*/ 2>/dev/null | sed 's#/$##' | tail -n +4)
 	rm -rf "${sb:?}/bin" "$sb"/.complete-*
 	mkdir -p "$sb/bin"
 	local b binds="" cases=""

@@ -104,24 +104,3 @@ umount_under() {
 		umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
 	done < <(mounts_under "$1")
 }
-
-# prune_rootfs_cache KEEP: remove cached images (siblings of KEEP) that are
-# neither KEEP nor the lower layer of a world that still exists. Holds the
-# cache lock, so it never races a build.
-prune_rootfs_cache() {
-	local keep=$1 base d used
-	base=$(dirname "$keep")
-	[[ -d $base ]] || return 0
-	used=$(cat /run/kpssh-world/*/world.env 2>/dev/null | sed -n 's/^ROOTFS=//p')
-	(
-		flock -n 9 || exit 0
-		for d in "$base"/*/; do
-			d=${d%/}
-			[[ $d == "$keep" || ! -f $d/etc/kpssh-image ]] && continue
-			grep -qxF "$d" <<<"$used" && continue
-			[[ -z $(mounts_under "$d") ]] || continue
-			log "pruning unused host image $d"
-			rm -rf --one-file-system "$d"
-		done
-	) 9>"$base/.lock"
-}

@@ -15,6 +15,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/test/hostenv"
 )
 
 const (
@@ -46,6 +47,7 @@ func TestE2E(t *testing.T) {
 		{"Drift", drift},
 		{"CrashResume", crashResume},
 		{"RoleProfile", roleProfile},
+		{"Releases", releases},
 		{"Verified", verified},
 		{"JobExec", jobExec}, // jobexec_test.go
 		{"Metrics", metrics}, // last: reads what the others left in Prometheus
@@ -167,7 +169,8 @@ func (w *world) allLeft(what string) {
 		return w.allHosts(v1beta1.HostAvailable)
 	})
 	for i := range w.hosts.Hosts() {
-		if u := w.units(i); u != unitsLeft && u != "kubelet=/inactive containerd=/inactive" {
+		// never installed: is-enabled prints nothing on bookworm, not-found on trixie
+		if u := w.units(i); u != unitsLeft && u != "kubelet=/inactive containerd=/inactive" && u != "kubelet=not-found/inactive containerd=not-found/inactive" {
 			diag, _, _ := w.hosts.Run(i, "ls -l /etc/systemd/system/multi-user.target.wants/; journalctl --no-pager -n 60 -u containerd -u kubelet -o short-precise; journalctl --no-pager -n 40 _COMM=systemctl -o short-precise")
 			h := w.sshHost(w.hosts.Hosts()[i].Name)
 			evs, _ := w.kubectl("-n", poolNS, "get", "events", "-o", "custom-columns=OBJ:.involvedObject.name,REASON:.reason,MSG:.message")
@@ -377,4 +380,54 @@ func roleProfile(w *world, st *state) {
 	}
 	// Later scenarios start from the world's own profile.
 	w.mustKubectl("patch", "sshnodeclass", "pool", "--type=merge", "-p", `{"spec":{"joinProfileRef":{"name":"`+w.profile+`"}}}`)
+}
+
+// releases joins every host of the world — Debian 12 and Debian 13 —
+// with the script profile and then with the role profile (scale 3: one
+// pause pod per node), checks each is a Ready node with its units up, and
+// leaves them all.
+func releases(w *world, st *state) {
+	defer w.mustKubectl("patch", "sshnodeclass", "pool", "--type=merge", "-p", `{"spec":{"joinProfileRef":{"name":"`+w.profile+`"}}}`)
+	w.apply(filepath.Join(w.ctrl.dir, "examples/profile-tls-bootstrap.yaml"))
+	hosts := w.hosts.Hosts()
+	for _, profile := range []string{w.profile, "tls-bootstrap"} {
+		w.mustKubectl("patch", "sshnodeclass", "pool", "--type=merge", "-p", `{"spec":{"joinProfileRef":{"name":"`+profile+`"}}}`)
+		start := time.Now()
+		w.scale(len(hosts))
+		w.eventually(fmt.Sprintf("all %d hosts joined with %s as Ready nodes", len(hosts), profile), 8*time.Minute, func() (bool, string) {
+			inUse := 0
+			for _, h := range w.sshHosts() {
+				if h.Status.State == v1beta1.HostInUse && strings.HasPrefix(h.Status.InstalledProfile, profile+"@") {
+					inUse++
+				}
+			}
+			ready := 0
+			for _, n := range w.nodes() {
+				if nodeReady(&n) {
+					ready++
+				}
+			}
+			return inUse == len(hosts) && ready == len(hosts), fmt.Sprintf("%d hosts InUse with %s, %d Nodes Ready", inUse, profile, ready)
+		})
+		joined := map[string][]string{}
+		for i, h := range hosts {
+			if u := w.units(i); u != unitsJoined {
+				w.t.Errorf("%s on %s (%s): units %q, want %q", profile, h.Name, h.Release, u, unitsJoined)
+			}
+			sh := w.sshHost(h.Name)
+			lp := "none"
+			if sh.Status.LastPhase != nil {
+				lp = fmt.Sprintf("%s %s in %s", sh.Status.LastPhase.Phase, sh.Status.LastPhase.Result, sh.Status.LastPhase.Duration)
+			}
+			joined[h.Release] = append(joined[h.Release], h.Name+" ("+lp+")")
+		}
+		w.t.Logf("%s: all %d hosts Ready %v after the scale: %v", profile, len(hosts), time.Since(start).Round(100*time.Millisecond), joined)
+		for _, rel := range []string{hostenv.Bookworm, hostenv.Trixie} {
+			if len(joined[rel]) == 0 {
+				w.t.Errorf("%s: no %s host joined (the world must have both releases): %v", profile, rel, joined)
+			}
+		}
+		w.scale(0)
+		w.allLeft(profile + " on every release: claims, nodes gone; hosts Available")
+	}
 }

@@ -102,7 +102,8 @@ func newWorld(t testing.TB) *world {
 		t.Fatalf("go build ./cmd/controller: %v\n%s", err, out)
 	}
 
-	w.hosts = hostenv.UpWith(t, 3, hostenv.Options{Mirror: mirror})
+	// Both Debian releases: h2 is Debian 13 (scenario Releases joins all three).
+	w.hosts = hostenv.UpWith(t, 3, hostenv.Options{Mirror: mirror, Releases: []string{hostenv.Bookworm, hostenv.Trixie, hostenv.Bookworm}})
 	w.plane = w.hosts.Name()
 	env := []string{"KPSSH_CP=" + w.plane}
 	// A plane of an earlier, killed run of this test has the same name.

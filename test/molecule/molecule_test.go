@@ -45,7 +45,8 @@ func (t *tally) String() string {
 	return s
 }
 
-// TestMolecule runs every scenario: one host per role, the roles in
+// TestMolecule runs every scenario on both Debian releases: a bookworm and a
+// trixie host per role, all in
 // parallel, each role's scenarios in turn on its host (default first), plus
 // the broken-role fixtures and a run of tls_bootstrap through the phase
 // engine, each on a host of its own.
@@ -84,7 +85,14 @@ func TestMolecule(t *testing.T) {
 	}
 	broken := brokenScenarios(t)
 
-	w := hostenv.Up(t, len(roles)+2)
+	// Every role's scenarios run on a Debian 12 and a Debian 13 host (hosts
+	// 2i and 2i+1); the last two hosts are bookworm.
+	releases := []string{}
+	for range roles {
+		releases = append(releases, hostenv.Bookworm, hostenv.Trixie)
+	}
+	releases = append(releases, hostenv.Bookworm)
+	w := hostenv.UpWith(t, 2*len(roles)+2, hostenv.Options{Releases: releases})
 	inv := w.Inventory()
 	targetFor := func(t *testing.T, i int) target {
 		h := w.Host(i)
@@ -100,32 +108,37 @@ func TestMolecule(t *testing.T) {
 	var tl tally
 	t.Run("scenarios", func(t *testing.T) {
 		for i, role := range roles {
-			t.Run(role, func(t *testing.T) {
-				t.Parallel()
-				tg := targetFor(t, i)
-				for _, sc := range byRole[role] {
-					ok := t.Run(sc.name, func(t *testing.T) {
-						for _, s := range r.run(context.Background(), sc, tg) {
-							if s.err != nil {
-								t.Errorf("%s/%s: %v", role, sc.name, s.err)
-							} else {
-								t.Logf("%s/%s: %s passed in %v", role, sc.name, s.step, s.duration.Round(time.Millisecond))
+			for j, rel := range []string{hostenv.Bookworm, hostenv.Trixie} {
+				t.Run(role+"/"+rel, func(t *testing.T) {
+					t.Parallel()
+					tg := targetFor(t, 2*i+j)
+					if got := w.Host(2*i + j).Release; got != rel {
+						t.Fatalf("host %d is %q, want %s", 2*i+j, got, rel)
+					}
+					for _, sc := range byRole[role] {
+						ok := t.Run(sc.name, func(t *testing.T) {
+							for _, s := range r.run(context.Background(), sc, tg) {
+								if s.err != nil {
+									t.Errorf("%s/%s on %s: %v", role, sc.name, rel, s.err)
+								} else {
+									t.Logf("%s/%s on %s: %s passed in %v", role, sc.name, rel, s.step, s.duration.Round(time.Millisecond))
+								}
 							}
-						}
-					})
-					tl.add(role+"/"+sc.name, ok)
-				}
-			})
+						})
+						tl.add(role+"/"+sc.name+"@"+rel, ok)
+					}
+				})
+			}
 		}
 		// The last host: the harness's own test, then the role through the
 		// phase engine itself.
 		t.Run("broken-role", func(t *testing.T) {
 			t.Parallel()
-			checkBroken(t, r, broken, targetFor(t, len(roles)))
+			checkBroken(t, r, broken, targetFor(t, 2*len(roles)))
 		})
 		t.Run("engine", func(t *testing.T) {
 			t.Parallel()
-			tg := targetFor(t, len(roles)+1)
+			tg := targetFor(t, 2*len(roles)+1)
 			for _, sc := range byRole["tls_bootstrap"] {
 				if sc.name == "default" {
 					if out, err := r.playbook(context.Background(), sc, tg, "prepare.yml"); err != nil {
@@ -133,7 +146,7 @@ func TestMolecule(t *testing.T) {
 					}
 				}
 			}
-			testEngineRuns(t, w.WithT(t), len(roles)+1)
+			testEngineRuns(t, w.WithT(t), 2*len(roles)+1)
 		})
 	})
 	t.Logf("molecule scenarios: %s", tl.String())
