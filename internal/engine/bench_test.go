@@ -137,7 +137,40 @@ func BenchmarkScriptPhase(b *testing.B) {
 			}
 		}
 	}
-	// warm every path (page cache, sshd, the first warm runners)
+	bv := make([]benchVariant, len(variants))
+	for i, v := range variants {
+		bv[i] = benchVariant{v.name, v.run}
+	}
+	load0 := loadavg()
+	med, line, rounds := benchRounds(b, bv, quiet)
+	load1 := loadavg()
+	eng, raw := med["engine"], med["raw-gossh"]
+	for _, v := range variants {
+		b.ReportMetric(med[v.name], "ms/"+v.name)
+	}
+	b.ReportMetric(eng-raw, "ms-overhead")
+	b.ReportMetric(eng/raw, "x-ratio")
+	b.ReportMetric(0, "ns/op") // a round of all variants: meaningless
+	b.Logf("medians of %d samples (ms):%s", rounds, line)
+	b.Logf("engine %.0f ms vs raw %.0f ms (Go ssh; ssh client %.0f ms): overhead %.0f ms, %.1fx", eng, raw, med["raw-ssh"], eng-raw, eng/raw)
+	b.Logf("what each technique buys (variant without it minus engine): warm runner %.0f ms, fast exit %.0f ms, connect check in the script task %.0f ms, ansible.cfg %.0f ms, SIGTERM instead of ssh -O exit %.0f ms; original engine %.0f ms (%.0f ms overhead)",
+		med["no-warm"]-eng, med["no-fastexit"]-eng, med["no-merge"]-eng, med["no-cfg"]-eng, med["no-sigterm"]-eng, med["original"], med["original"]-raw)
+	b.Logf("loadavg before: %s; after: %s", load0, load1)
+}
+
+// benchVariant is one way of doing the thing a benchmark measures.
+type benchVariant struct {
+	name string
+	run  func() error
+}
+
+// benchRounds runs every variant once (warming every path: page cache, sshd,
+// warm runners), then rounds of every variant once in a random order (load
+// drifts hit all alike), quiet() before each sample: one round per b.Loop
+// iteration, topped up to benchMinSamples. It returns each variant's median
+// in ms, them as a " name=ms" line, and the number of rounds.
+func benchRounds(b *testing.B, variants []benchVariant, quiet func()) (map[string]float64, string, int) {
+	b.Helper()
 	for _, v := range variants {
 		if err := v.run(); err != nil {
 			b.Fatal(err)
@@ -145,7 +178,6 @@ func BenchmarkScriptPhase(b *testing.B) {
 	}
 	samples := map[string][]time.Duration{}
 	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
-	load0 := loadavg()
 	round := func() {
 		for _, i := range rng.Perm(len(variants)) {
 			v := variants[i]
@@ -166,26 +198,13 @@ func BenchmarkScriptPhase(b *testing.B) {
 	for ; rounds < benchMinSamples; rounds++ {
 		round()
 	}
-	load1 := loadavg()
-
 	med := map[string]float64{}
 	var line strings.Builder
 	for _, v := range variants {
 		med[v.name] = medianMS(samples[v.name])
 		fmt.Fprintf(&line, " %s=%.0f", v.name, med[v.name])
 	}
-	eng, raw := med["engine"], med["raw-gossh"]
-	for _, v := range variants {
-		b.ReportMetric(med[v.name], "ms/"+v.name)
-	}
-	b.ReportMetric(eng-raw, "ms-overhead")
-	b.ReportMetric(eng/raw, "x-ratio")
-	b.ReportMetric(0, "ns/op") // a round of all variants: meaningless
-	b.Logf("medians of %d samples (ms):%s", rounds, line.String())
-	b.Logf("engine %.0f ms vs raw %.0f ms (Go ssh; ssh client %.0f ms): overhead %.0f ms, %.1fx", eng, raw, med["raw-ssh"], eng-raw, eng/raw)
-	b.Logf("what each technique buys (variant without it minus engine): warm runner %.0f ms, fast exit %.0f ms, connect check in the script task %.0f ms, ansible.cfg %.0f ms, SIGTERM instead of ssh -O exit %.0f ms; original engine %.0f ms (%.0f ms overhead)",
-		med["no-warm"]-eng, med["no-fastexit"]-eng, med["no-merge"]-eng, med["no-cfg"]-eng, med["no-sigterm"]-eng, med["original"], med["original"]-raw)
-	b.Logf("loadavg before: %s; after: %s", load0, load1)
+	return med, line.String(), rounds
 }
 
 func medianMS(d []time.Duration) float64 {
@@ -253,23 +272,19 @@ func BenchmarkTaskOverhead(b *testing.B) {
 	ctx := context.Background()
 	target := sshx.Target{Address: conn.Address, Port: conn.Port, User: "root", PrivateKey: conn.PrivateKey, ExpectedFingerprint: h.Fingerprint}
 
-	type variant struct {
-		name string
-		run  func() error
-	}
-	var variants []variant
+	var variants []benchVariant
 	for _, n := range ns {
 		req := Request{Phase: PhaseJoin, Conn: conn, Source: Source{Role: fmt.Sprintf("kpssh_bench_noop_%d", n)}, Context: joinContext(h), Timeout: 5 * time.Minute}
 		for _, name := range []string{"role", "mitogen"} {
 			e := engines[name]
-			variants = append(variants, variant{fmt.Sprintf("%s-%d", name, n), func() error {
+			variants = append(variants, benchVariant{fmt.Sprintf("%s-%d", name, n), func() error {
 				if r := e.Run(ctx, req); r.Outcome != Succeeded {
 					return fmt.Errorf("%s: role of %d tasks: %+v", name, n, r)
 				}
 				return nil
 			}})
 		}
-		variants = append(variants, variant{fmt.Sprintf("ssh-%d", n), func() error {
+		variants = append(variants, benchVariant{fmt.Sprintf("ssh-%d", n), func() error {
 			c, err := sshx.Dial(ctx, target)
 			if err != nil {
 				return err
@@ -283,47 +298,17 @@ func BenchmarkTaskOverhead(b *testing.B) {
 			return nil
 		}})
 	}
-	for _, v := range variants { // warm every path
-		if err := v.run(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	samples := map[string][]time.Duration{}
-	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
 	load0 := loadavg()
-	round := func() {
-		for _, i := range rng.Perm(len(variants)) {
-			v := variants[i]
-			for _, e := range engines {
-				wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-				err := e.waitWarm(wctx)
-				cancel()
-				if err != nil {
-					b.Fatalf("warm runner: %v", err)
-				}
-			}
-			t0 := time.Now()
-			err := v.run()
-			samples[v.name] = append(samples[v.name], time.Since(t0))
+	med, line, rounds := benchRounds(b, variants, func() {
+		for _, e := range engines {
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			err := e.waitWarm(wctx)
+			cancel()
 			if err != nil {
-				b.Fatal(err)
+				b.Fatalf("warm runner: %v", err)
 			}
 		}
-	}
-	rounds := 0
-	for b.Loop() {
-		round()
-		rounds++
-	}
-	for ; rounds < benchMinSamples; rounds++ {
-		round()
-	}
-	med := map[string]float64{}
-	var line strings.Builder
-	for _, v := range variants {
-		med[v.name] = medianMS(samples[v.name])
-		fmt.Fprintf(&line, " %s=%.0f", v.name, med[v.name])
-	}
+	})
 	perTask := func(prefix string) float64 { return (med[prefix+"-30"] - med[prefix+"-1"]) / 29 }
 	role, mito, raw := perTask("role"), perTask("mitogen"), perTask("ssh")
 	b.ReportMetric(role, "ms/task-role")
@@ -332,7 +317,7 @@ func BenchmarkTaskOverhead(b *testing.B) {
 	b.ReportMetric(role-raw, "ms/task-overhead")
 	b.ReportMetric(mito-raw, "ms/task-overhead-mitogen")
 	b.ReportMetric(0, "ns/op") // a round of all variants: meaningless
-	b.Logf("medians of %d samples (ms):%s", rounds, line.String())
+	b.Logf("medians of %d samples (ms):%s", rounds, line)
 	b.Logf("per task (slope N=1→30): role %.1f ms (mitogen %.1f ms) vs raw SSH %.1f ms: overhead %.1f ms per task (mitogen %.1f ms; target ≤ 60 ms idle)",
 		role, mito, raw, role-raw, mito-raw)
 	b.Logf("fixed cost of a 1-task role: %.0f ms (mitogen %.0f ms) vs %.0f ms over raw SSH; mitogen pays off from %.0f tasks",
