@@ -488,11 +488,16 @@ func testCanary(t *testing.T, w *world) {
 		}
 	})
 	c := joinContext(w.Host(0))
-	c.Secrets = map[string]string{"canary": canary}
+	// a multi-line secret (a PEM key in a join secret): one of its lines
+	// printed alone must be masked too
+	pemLine := fmt.Sprintf("PEMLINE%dx", time.Now().UnixNano())
+	pem := "-----BEGIN KPSSH TEST KEY-----\nMIIEvQIBADANBgkqhkiG9w0B\n" + pemLine + "\n-----END KPSSH TEST KEY-----\n"
+	c.Secrets = map[string]string{"canary": canary, "pem": pem}
 	script := `set -x
 echo "canary out $KPSSH_SECRET_CANARY"
 echo "canary err {{ .Secrets.canary }}" >&2
 printf '%s\n' "$KPSSH_SECRET_CANARY" | rev
+printf '%s\n' "$KPSSH_SECRET_PEM" | sed -n 3p >&2
 touch /tmp/kpssh-canary-started
 sleep 3
 exit 1
@@ -517,6 +522,10 @@ exit 1
 		t.Errorf("result %+v", r)
 	}
 	noLeak(t, r, canary)
+	noLeak(t, r, pemLine)
+	if !strings.Contains(r.Message, "sed -n 3p") {
+		t.Errorf("the message does not reach the line that printed the PEM line (the check proves nothing): %q", r.Message)
+	}
 	mu.Lock()
 	if len(seen) > 0 {
 		t.Errorf("canary in process argv/environment: %v", seen)

@@ -22,7 +22,8 @@ type Redactor struct {
 // NewRedactor builds a redactor for the given values. Each value of at least
 // MinRedactLen bytes is scrubbed, together with the forms it takes in output
 // we relay: shell single-quote escaping (set -x traces print ' as '\”) and
-// JSON/YAML escaping.
+// JSON/YAML escaping; of a multi-line value, every line of at least
+// MinRedactLen bytes (spaces trimmed) is scrubbed on its own too.
 func NewRedactor(values ...string) *Redactor {
 	seen := map[string]bool{}
 	r := &Redactor{}
@@ -38,6 +39,13 @@ func NewRedactor(values ...string) *Redactor {
 	}
 	for _, v := range values {
 		add(v)
+		// A multi-line secret (a PEM key) is often printed a line at a
+		// time: every line of MinRedactLen or more is a secret of its own.
+		if strings.ContainsAny(v, "\n\r") {
+			for _, l := range strings.FieldsFunc(v, func(r rune) bool { return r == '\n' || r == '\r' }) {
+				add(strings.TrimSpace(l))
+			}
+		}
 		if strings.ContainsAny(v, `'"\`+"\n\t\r") {
 			add(strings.ReplaceAll(v, `'`, `'\''`))
 			add(strings.ReplaceAll(v, `'`, `'"'"'`))

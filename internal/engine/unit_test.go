@@ -719,3 +719,22 @@ func TestRenderMitogen(t *testing.T) {
 		}
 	}
 }
+
+// Every line (≥ MinRedactLen, spaces trimmed) of a multi-line secret is
+// masked where it is printed alone; shorter lines are not (they would shred
+// ordinary output), and nor is anything but the secret's own lines.
+func TestRedactMultiLineSecret(t *testing.T) {
+	pem := "-----BEGIN TEST KEY-----\r\n  MIIEvQIBADANBgkq  \nshort\nZm9vYmFyYmF6cXV4\n-----END TEST KEY-----\n"
+	r := NewRedactor(pem)
+	for _, c := range []struct{ in, want string }{
+		{"line: MIIEvQIBADANBgkq\n", "line: ***\n"},
+		{"tail Zm9vYmFyYmF6cXV4 end", "tail *** end"},
+		{"-----BEGIN TEST KEY-----", "***"},
+		{"short and MIIEvQIBADANBgk", "short and MIIEvQIBADANBgk"}, // a prefix of a line is not the line
+		{"whole " + pem, "whole ***"},
+	} {
+		if got := r.Redact(c.in); got != c.want {
+			t.Errorf("Redact(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
