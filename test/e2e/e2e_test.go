@@ -417,7 +417,7 @@ func releases(w *world, st *state) {
 			sh := w.sshHost(h.Name)
 			lp := "none"
 			if sh.Status.LastPhase != nil {
-				lp = fmt.Sprintf("%s %s in %s", sh.Status.LastPhase.Phase, sh.Status.LastPhase.Result, sh.Status.LastPhase.Duration)
+				lp = fmt.Sprintf("%s %s in %s", sh.Status.LastPhase.Phase, sh.Status.LastPhase.Result, sh.Status.LastPhase.Duration.Duration)
 			}
 			joined[h.Release] = append(joined[h.Release], h.Name+" ("+lp+")")
 		}
