@@ -241,7 +241,7 @@ func TestRenderBinary(t *testing.T) {
 				"# node class: e2e-small (the only SSHNodeClass whose hostSelector selects the host)",
 				"1 secret(s) from Secret render-e2e/join: activationCode (values masked)",
 				"# kpssh render: phase join for root@192.0.2.10:2222 (secrets masked)",
-				"cmd: \"timeout -k 5 300 bash -s kpssh-RUN\"",
+				"cmd: \"flock -w 300 /run/kpssh-phase.lock timeout -k 5 300 bash -s kpssh-RUN\"",
 				"export KPSSH_BOOTSTRAP_TOKEN='" + cli.BootstrapTokenShown + "'",
 				"export KPSSH_SECRET_ACTIVATIONCODE='***'",
 				"--code ***",

@@ -259,7 +259,7 @@ func TestRender(t *testing.T) {
 				"export KPSSH_TAINTS='karpenter.sh/unregistered:NoExecute'",
 				"node.kubernetes.io/instance-type=small",
 				"kubernetes.io/arch=amd64",
-				"sudo -n timeout -k 5 300 bash -s", // user kube, join timeout 5m
+				"sudo -n flock -w 300 /run/kpssh-phase.lock timeout -k 5 300 bash -s", // user kube, join timeout 5m
 			},
 			notOut:   []string{"karpenter.sh/nodepool"},
 			noStderr: true,
@@ -454,8 +454,8 @@ func TestRender(t *testing.T) {
 			name: "tasks profile: vars file with masked secrets and class vars over profile defaults",
 			objs: []client.Object{testHost("h1"), testClass("small"), tasksProfile(), joinSecret(), clusterInfo()},
 			args: []string{"h1", "join"},
-			out: []string{"# profile:    prof@3", "-e @vars.yml", "kpssh_secrets:", `activation: !unsafe "***"`, `short: !unsafe "***"`,
-				`k8sMinor: !unsafe "` + varValue + `"`, `cni: !unsafe "flannel"`, `bootstrap_token: !unsafe "<bootstrap-token-id>.***"`,
+			out: []string{"# profile:    prof@3", "-e @vars.yml", "kpssh_secrets: !unsafe", `activation: "***"`, `short: "***"`,
+				`k8sMinor: "` + varValue + `"`, `cni: "flannel"`, `bootstrap_token: "<bootstrap-token-id>.***"`,
 				"- ansible.builtin.command: kubeadm join"},
 			noStderr: true,
 		},
@@ -480,7 +480,7 @@ func TestRender(t *testing.T) {
 			name: "leave of a tasks profile: empty kpssh_vars and kpssh_secrets",
 			objs: []client.Object{testHost("h2", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "prof@3" }), tasksProfile(), joinSecret(), clusterInfo()},
 			args: []string{"h2", "leave"},
-			out:  []string{"kpssh_vars: {}", "kpssh_secrets: {}", `host_address: !unsafe "10.0.0.5"`},
+			out:  []string{"kpssh_vars: {}", "kpssh_secrets: {}", "kpssh: !unsafe", `host_address: "10.0.0.5"`},
 			// "KPSSH_" names of the play environment are the fixed ones only.
 			notOut:   []string{"KPSSH_VAR_", "KPSSH_SECRET_", "flannel", varValue, endpoint},
 			noStderr: true,
