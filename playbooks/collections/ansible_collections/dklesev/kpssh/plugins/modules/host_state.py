@@ -25,11 +25,6 @@ options:
     type: list
     elements: path
     default: []
-  glob:
-    description: Patterns whose matches are returned (sorted).
-    type: list
-    elements: str
-    default: []
   commands:
     description: Read-only commands (argv lists, no shell) by name; each returns rc and stdout/stderr (rc null when it cannot start).
     type: dict
@@ -63,10 +58,6 @@ exists:
   description: Path to bool.
   type: dict
   returned: always
-glob:
-  description: Pattern to the sorted list of matches.
-  type: dict
-  returned: always
 commands:
   description: Name to C({rc, stdout, stderr}).
   type: dict
@@ -77,7 +68,6 @@ units:
   returned: always
 '''
 
-import glob
 import os
 import subprocess
 
@@ -125,7 +115,6 @@ def main():
         argument_spec=dict(
             read=dict(type='list', elements='path', default=[]),
             exists=dict(type='list', elements='path', default=[]),
-            glob=dict(type='list', elements='str', default=[]),
             commands=dict(type='dict', default={}),
             units=dict(type='list', elements='str', default=[]),
         ),
@@ -141,7 +130,6 @@ def main():
         changed=False,
         read={path: _read(path) for path in p['read']},
         exists={path: os.path.lexists(path) for path in p['exists']},
-        glob={pat: sorted(glob.glob(pat)) for pat in p['glob']},
         commands=commands,
         units=_units(p['units']),
     )
