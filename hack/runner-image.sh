@@ -387,12 +387,13 @@ build_bin() {
 	take_lock
 	export_root "$IMG" "$sb/root"
 	export_root "$LINT_IMG" "$sb/lint-root"
-	# Older keys: the newest three stay, a test run that started before this
-	# build may still be running their wrappers.
+	# Older keys: the newest six stay, a test run that started before this
+	# build may still be running their wrappers (role edits make a new key
+	# each: several people editing roles while a long e2e runs).
 	local d
 	while IFS= read -r d; do
 		[[ -n $d && $d != "$sb" ]] && rm -rf --one-file-system "${d:?}"
-	done < <(ls -1dt "$RC"/sandbox/*/ 2>/dev/null | sed 's#/$##' | tail -n +4)
+	done < <(ls -1dt "$RC"/sandbox/*/ 2>/dev/null | sed 's#/$##' | tail -n +7)
 	rm -rf "${sb:?}/bin" "$sb"/.complete-*
 	mkdir -p "$sb/bin"
 	local b binds="" cases=""

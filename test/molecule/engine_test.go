@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+	sigsyaml "sigs.k8s.io/yaml"
 
+	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/test/hostenv"
 )
@@ -73,7 +75,9 @@ func testEngineRuns(t *testing.T, w *hostenv.World, i int) {
 	units := func() string {
 		return w.MustRun(i, "for u in kubelet containerd; do echo $(systemctl is-active $u) $(systemctl is-enabled $u); done | tr '\\n' ' '")
 	}
+	testJoinChecks(t, e, conn, c, w, i, false)
 	run(engine.PhaseInstall)
+	testJoinChecks(t, e, conn, c, w, i, true)
 	run(engine.PhaseJoin)
 	if got := units(); got != "active enabled active enabled" {
 		t.Errorf("after join through the engine: kubelet, containerd are %q", got)
@@ -87,5 +91,77 @@ func testEngineRuns(t *testing.T, w *hostenv.World, i int) {
 	run(engine.PhaseLeave)
 	if got := units(); got != "inactive disabled inactive disabled" {
 		t.Errorf("after leave through the engine: kubelet, containerd are %q", got)
+	}
+}
+
+// testJoinChecks: the role's join refuses bad vars and a bad join context
+// with the script twin's message (examples/scripts/profile-tls-bootstrap.yaml),
+// before it touches the host. The role checks all of it in one task; the
+// script check by check: the first failing check must win in both. Before
+// install (installed false) the var and context checks, after it the CA's.
+func testJoinChecks(t *testing.T, e *engine.Local, conn engine.Connection, good engine.Context, w *hostenv.World, i int, installed bool) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "examples", "scripts", "profile-tls-bootstrap.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p v1beta1.SSHJoinProfile
+	if err := sigsyaml.UnmarshalStrict(raw, &p); err != nil || p.Spec.Scripts == nil {
+		t.Fatalf("script profile: %v", err)
+	}
+	withVars := func(kv ...string) engine.Context {
+		c := good
+		c.Vars = map[string]string{}
+		for k, v := range good.Vars {
+			c.Vars[k] = v
+		}
+		for j := 0; j < len(kv); j += 2 {
+			c.Vars[kv[j]] = kv[j+1]
+		}
+		return c
+	}
+	with := func(f func(*engine.Context)) engine.Context { c := withVars(); f(&c); return c }
+	type check struct {
+		name string
+		c    engine.Context
+		want string
+	}
+	checks := []check{
+		{"kubelet of another minor", withVars("k8sMinor", "1.35"), "var k8sMinor is 1.35: bump the profile's spec.version so install runs again"},
+		{"CA not base64", with(func(c *engine.Context) { c.ClusterCAB64 = "not*base64" }), "KPSSH_CLUSTER_CA_B64 is not valid base64"},
+		{"CA not PEM", with(func(c *engine.Context) { c.ClusterCAB64 = "aGVsbG8gd29ybGQ=" }), "KPSSH_CLUSTER_CA_B64 does not decode to a PEM certificate"},
+	}
+	if !installed {
+		checks = []check{
+			{"not installed", withVars(), "/usr/local/bin/kubelet is missing: the install phase has not run"},
+			{"no k8sMinor", withVars("k8sMinor", ""), "var k8sMinor is required: the control plane's Kubernetes minor (e.g. 1.36), set in the SSHNodeClass vars"},
+			{"bad k8sMinor", withVars("k8sMinor", "136"), "var k8sMinor must look like 1.36, got '136'"},
+			{"bad serverTLSBootstrap", withVars("serverTLSBootstrap", "yes"), "var serverTLSBootstrap must be true or false, got 'yes'"},
+			{"bad cgroupDriver", withVars("cgroupDriver", "docker"), "var cgroupDriver must be systemd or cgroupfs, got 'docker'"},
+			{"bad clusterDNS", withVars("clusterDNS", "10.96.0.10,dns"), "var clusterDNS must be IP addresses separated by commas, got '10.96.0.10,dns'"},
+			{"two bad vars: the first wins", withVars("k8sMinor", "x", "cgroupDriver", "docker"), "var k8sMinor must look like 1.36, got 'x'"},
+			{"bad token", with(func(c *engine.Context) { c.BootstrapToken = "abcdef.0123456789ABCDEF" }), "KPSSH_BOOTSTRAP_TOKEN is not a bootstrap token (<id>.<secret>, 6 and 16 of [a-z0-9]; value not shown)"},
+			{"http endpoint", with(func(c *engine.Context) { c.ClusterEndpoint = "http://192.0.2.1:6443" }), "KPSSH_CLUSTER_ENDPOINT must be an https:// URL, got 'http://192.0.2.1:6443'"},
+			{"space in labels", with(func(c *engine.Context) { c.NodeLabels = "a=b c=d" }), "KPSSH_NODE_LABELS has characters that cannot go on the kubelet command line: 'a=b c=d'"},
+		}
+	}
+	for _, tc := range checks {
+		for _, src := range []struct {
+			kind string
+			s    engine.Source
+		}{{"role", engine.Source{Role: "tls_bootstrap"}}, {"script", engine.Source{Script: string(p.Spec.Scripts.Join)}}} {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			r := e.Run(ctx, engine.Request{Phase: engine.PhaseJoin, Conn: conn, Source: src.s, Context: tc.c, Timeout: 2 * time.Minute})
+			cancel()
+			if r.Outcome == engine.Succeeded || !strings.Contains(r.Message, tc.want) {
+				t.Errorf("%s, %s join: %s (task %q): %q, want the message %q", tc.name, src.kind, r.Outcome, r.FailedTask, r.Message, tc.want)
+			}
+			if strings.Contains(r.Message, good.BootstrapToken) || strings.Contains(r.Message, tc.c.BootstrapToken) {
+				t.Errorf("%s, %s join: the token is in the message", tc.name, src.kind)
+			}
+		}
+	}
+	if got := w.MustRun(i, "for f in /var/lib/kubelet/kpssh-node-name /etc/kubernetes/bootstrap-kubelet.conf /var/lib/kubelet/config.yaml; do [ ! -e $f ] || echo $f; done"); got != "" {
+		t.Errorf("a refused join wrote the node's files: %s", got)
 	}
 }

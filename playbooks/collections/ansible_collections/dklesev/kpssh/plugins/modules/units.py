@@ -1,0 +1,181 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright kpssh maintainers. Apache-2.0.
+from __future__ import annotations
+
+DOCUMENTATION = r'''
+module: units
+short_description: Enable, start, restart or stop several systemd units in one round trip, and wait for them
+description:
+  - Converges every unit of I(units), in order, after a C(systemctl
+    daemon-reload) when I(daemon_reload) is true. One module run instead of
+    one C(ansible.builtin.systemd) task per unit (each is a Python start on
+    the host) and a C(command) polling C(systemctl is-active).
+  - With I(wait_active) > 0, waits up to that many seconds for every unit
+    whose state is C(started) or C(restarted) to be active (a unit that
+    systemd restarts after an early exit gets its time), and fails naming
+    the units that are not.
+  - Supports check mode (nothing is reloaded, started or waited for).
+version_added: 1.1.0
+options:
+  units:
+    description: The units, converged in this order.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name:
+        description: Unit name with its suffix, e.g. C(kubelet.service).
+        type: str
+        required: true
+      enabled:
+        description: Enabled at boot (C(true)), disabled (C(false)), or left alone (unset).
+        type: bool
+      state:
+        description: C(started), C(restarted) (always restarted, or started if stopped), C(stopped), or left alone (unset).
+        type: str
+        choices: [started, restarted, stopped]
+  daemon_reload:
+    description: Run C(systemctl daemon-reload) first.
+    type: bool
+    default: false
+  wait_active:
+    description: Seconds to wait for the started and restarted units to be active; 0 does not wait.
+    type: int
+    default: 0
+author:
+  - kpssh maintainers
+'''
+
+EXAMPLES = r'''
+- name: Start the node
+  dklesev.kpssh.units:
+    daemon_reload: "{{ units_changed }}"
+    units:
+      - {name: containerd.service, enabled: true, state: started}
+      - {name: kubelet.service, enabled: true, state: "{{ 'restarted' if kubelet_changed else 'started' }}"}
+    wait_active: 60
+'''
+
+RETURN = r'''
+actions:
+  description: What was done (or, in check mode, would be), in order, e.g. C(enable kubelet.service).
+  type: list
+  elements: str
+  returned: always
+active:
+  description: C(systemctl is-active) of every unit after the last action (and the wait).
+  type: dict
+  returned: always
+'''
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def _props(module, systemctl, names):
+    """ActiveState, UnitFileState and LoadState of every unit, one systemctl call."""
+    rc, out, err = module.run_command([systemctl, 'show', '--property=Id,LoadState,ActiveState,UnitFileState', '--'] + names)
+    if rc != 0:
+        module.fail_json(msg='units: systemctl show: %s' % (err.strip() or out.strip()))
+    props, cur = [], {}
+    for line in out.splitlines() + ['']:
+        if not line.strip():
+            if cur:
+                props.append(cur)
+                cur = {}
+            continue
+        k, _, v = line.partition('=')
+        cur[k] = v
+    if len(props) != len(names):
+        module.fail_json(msg='units: systemctl show returned %d units for %d names' % (len(props), len(names)))
+    return dict(zip(names, props))
+
+
+def _is_active(module, systemctl, names):
+    # is-active prints one line per unit, in order, and exits non-zero unless all are active.
+    _, out, _ = module.run_command([systemctl, 'is-active', '--'] + names)
+    states = out.split()
+    if len(states) != len(names):
+        states = (states + ['unknown'] * len(names))[:len(names)]
+    return dict(zip(names, states))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            units=dict(type='list', elements='dict', required=True, options=dict(
+                name=dict(type='str', required=True),
+                enabled=dict(type='bool'),
+                state=dict(type='str', choices=['started', 'restarted', 'stopped']),
+            )),
+            daemon_reload=dict(type='bool', default=False),
+            wait_active=dict(type='int', default=0),
+        ),
+        supports_check_mode=True,
+    )
+    units = module.params['units']
+    names = [u['name'] for u in units]
+    if not names:
+        module.exit_json(changed=False, actions=[], active={})
+    for n in names:
+        if not n or n.startswith('-') or '/' in n or '.' not in n:
+            module.fail_json(msg='units: %r is not a unit name with its suffix (e.g. kubelet.service)' % n)
+    if module.params['wait_active'] < 0:
+        module.fail_json(msg='units: wait_active must be ≥ 0, got %d' % module.params['wait_active'])
+    systemctl = module.get_bin_path('systemctl', required=True)
+    check = module.check_mode
+    actions = []
+
+    def run(verb, name):
+        actions.append('%s %s' % (verb, name))
+        if check:
+            return
+        rc, out, err = module.run_command([systemctl, verb, '--', name])
+        if rc != 0:
+            module.fail_json(msg='units: systemctl %s %s: %s' % (verb, name, (err.strip() or out.strip() or 'exit %d' % rc)),
+                             actions=actions, active=_is_active(module, systemctl, names))
+
+    if module.params['daemon_reload']:
+        actions.append('daemon-reload')
+        if not check:
+            rc, out, err = module.run_command([systemctl, 'daemon-reload'])
+            if rc != 0:
+                module.fail_json(msg='units: systemctl daemon-reload: %s' % (err.strip() or out.strip()), actions=actions)
+
+    props = _props(module, systemctl, names)
+    for u in units:
+        name, p = u['name'], props[u['name']]
+        if p.get('LoadState') == 'not-found' and (u['enabled'] or u['state'] in ('started', 'restarted')):
+            module.fail_json(msg='units: %s: unit not found' % name, actions=actions)
+        ufs = p.get('UnitFileState', '')
+        if u['enabled'] is True and ufs not in ('enabled', 'enabled-runtime', 'static', 'alias', 'indirect', 'generated', 'transient'):
+            run('enable', name)
+        elif u['enabled'] is False and ufs in ('enabled', 'enabled-runtime'):
+            run('disable', name)
+        active = p.get('ActiveState') in ('active', 'activating', 'reloading')
+        if u['state'] == 'started' and not active:
+            run('start', name)
+        elif u['state'] == 'restarted':
+            run('restart', name)
+        elif u['state'] == 'stopped' and active:
+            run('stop', name)
+
+    waited = [u['name'] for u in units if u['state'] in ('started', 'restarted')]
+    active = _is_active(module, systemctl, names)
+    if not check and waited and module.params['wait_active'] > 0:
+        deadline = time.monotonic() + module.params['wait_active']
+        while any(active[n] != 'active' for n in waited) and time.monotonic() < deadline:
+            time.sleep(0.25)
+            active = _is_active(module, systemctl, names)
+        down = [n for n in waited if active[n] != 'active']
+        if down:
+            module.fail_json(msg='units: not active after %ds: %s' % (
+                module.params['wait_active'], ', '.join('%s %s' % (n, active[n]) for n in down)),
+                changed=bool(actions), actions=actions, active=active)
+    module.exit_json(changed=bool(actions), actions=actions, active=active)
+
+
+if __name__ == '__main__':
+    main()
