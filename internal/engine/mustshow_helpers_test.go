@@ -97,7 +97,7 @@ func waitGroupEmpty(t *testing.T, pgid int, within time.Duration) {
 
 // runTag is what every run directory (and so every run tag, ssh ControlPath
 // and mux master title) of this test process contains.
-func runTag() string { return runDirPrefix + strconv.Itoa(os.Getpid()) + "-" }
+func runTag() string { return runDirPrefix + runDirOwner() + "-" }
 
 // dirNames lists the entries of dir ("" entries when it is empty).
 func dirNames(t *testing.T, dir string) []string {

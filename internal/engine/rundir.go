@@ -1,12 +1,14 @@
 package engine
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -30,9 +32,45 @@ const (
 // sun_path (108 bytes on Linux).
 const maxControlPath = 108 - 1 - 17
 
-// runDirPrefix names run directories: kpssh-<pid>-<random>; the pid lets a
-// restarted process sweep directories of dead ones (SweepStale).
+// runDirPrefix names run directories: kpssh-<pid>.<start>-<random>, start
+// being the process's start time (clock ticks since boot, /proc/<pid>/stat):
+// a restarted process sweeps the directories of dead ones (SweepStale), and
+// pid and start time together tell a dead process from a new one with its
+// pid — a controller restarted in its pod is pid 1 again.
 const runDirPrefix = "kpssh-"
+
+// selfStart is this process's start time, read once ("" if unreadable:
+// then the name carries the pid alone, and the sweep judges by pid).
+var selfStart = sync.OnceValue(func() string { return procStart(os.Getpid()) })
+
+// procStart is field 22 of /proc/<pid>/stat, "" if the process does not
+// exist or the file does not parse.
+func procStart(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	// comm (field 2) may hold spaces and parentheses: fields 3.. follow the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
+}
+
+// runDirOwner is the <pid>[.<start>] part of the run directory names this
+// process creates.
+func runDirOwner() string {
+	own := strconv.Itoa(os.Getpid())
+	if st := selfStart(); st != "" {
+		own += "." + st
+	}
+	return own
+}
 
 // runDir is a private directory for one run.
 type runDir struct{ path string }
@@ -51,7 +89,7 @@ func newRunDir(base string) (*runDir, error) {
 	if base == "" {
 		base = defaultRunBase()
 	}
-	p, err := os.MkdirTemp(base, runDirPrefix+strconv.Itoa(os.Getpid())+"-")
+	p, err := os.MkdirTemp(base, runDirPrefix+runDirOwner()+"-")
 	if err != nil {
 		return nil, fmt.Errorf("create run directory: %w", err)
 	}
@@ -107,8 +145,9 @@ func (r *runDir) remove() error {
 
 // SweepStale removes run directories under base (default base when empty)
 // left by processes that no longer exist (a controller that crashed mid-run
-// leaves its run directory, secrets included, on tmpfs). Directories of live
-// processes are left alone. It returns what it removed.
+// leaves its run directory, secrets included, on tmpfs) — also when a new
+// process has the dead one's pid. Directories of live processes are left
+// alone. It returns what it removed.
 func SweepStale(base string) ([]string, error) {
 	if base == "" {
 		base = defaultRunBase()
@@ -124,17 +163,8 @@ func SweepStale(base string) ([]string, error) {
 		if !e.IsDir() || !strings.HasPrefix(name, runDirPrefix) {
 			continue
 		}
-		rest := strings.TrimPrefix(name, runDirPrefix)
-		i := strings.IndexByte(rest, '-')
-		if i <= 0 {
+		if !ownerGone(strings.TrimPrefix(name, runDirPrefix)) {
 			continue
-		}
-		pid, err := strconv.Atoi(rest[:i])
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil || !errors.Is(err, os.ErrNotExist) {
-			continue // alive (or unknown): not ours to judge
 		}
 		p := filepath.Join(base, name)
 		// only our own directories (same owner)
@@ -148,4 +178,30 @@ func SweepStale(base string) ([]string, error) {
 		removed = append(removed, p)
 	}
 	return removed, errors.Join(errs...)
+}
+
+// ownerGone reports whether the process that named a run directory
+// (<pid>[.<start>]-<random>) is gone: no such pid, or a pid with another
+// start time (reused). A name without a start time (older kpssh) is gone if
+// its pid is dead or is this process's own: this process never makes such
+// names, so it is an earlier process that had this pid. Anything that does
+// not parse is not ours to judge.
+func ownerGone(rest string) bool {
+	i := strings.IndexByte(rest, '-')
+	if i <= 0 {
+		return false
+	}
+	pidStr, start, hasStart := strings.Cut(rest[:i], ".")
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil || pid <= 0 || (hasStart && start == "") {
+		return false
+	}
+	if _, err := os.Stat("/proc/" + pidStr); err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	if !hasStart {
+		return pid == os.Getpid() && selfStart() != ""
+	}
+	now := procStart(pid)
+	return now != "" && now != start
 }

@@ -251,6 +251,10 @@ func (l *Local) spawnWarm() (*proc, error) {
 	}
 	args = append(args, l.opts.AnsiblePlaybook, dir.path)
 	w := l.newProc(args, dir)
+	// SIGTERM, not SIGKILL, when the controller dies: an idle runner removes
+	// its directory and exits (kpssh_runner.py); it is SIGKILL again once
+	// the runner has its run.
+	w.cmd.SysProcAttr.Pdeathsig = syscall.SIGTERM
 	w.cfg, w.ready, w.failed = cfg, make(chan struct{}), make(chan struct{})
 	w.cmd.ExtraFiles = []*os.File{readyW} // fd 3
 	if w.stdin, err = w.cmd.StdinPipe(); err != nil {

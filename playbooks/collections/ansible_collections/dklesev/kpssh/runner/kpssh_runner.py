@@ -30,12 +30,22 @@ ansible reads while it is imported). It
 One process per run, started by the engine: its process-group kill, timeout
 and reaping, the ControlPersist cleanup and the run directory's removal work
 as for a cold ``ansible-playbook``.
+
+Until it has its run, the process owns RUN_DIR (only ansible.cfg and empty
+temp dirs in it): when its parent dies (SIGTERM as parent-death signal, set
+here too, so that it holds under a sandbox that sets its own) or stdin
+closes empty, it removes RUN_DIR and exits 0 — an idle runner leaves
+nothing behind. With its run, the parent-death signal is SIGKILL again, as
+for a cold ``ansible-playbook`` (the engine's restart sweep removes a
+killed run's directory).
 """
 import atexit
 import gc
 import json
 import os
 import runpy
+import shutil
+import signal
 import sys
 
 READY_FD = 3
@@ -46,6 +56,33 @@ def _fail(msg):
     sys.stderr.write('kpssh runner: %s\n' % msg)
     sys.stderr.flush()
     os._exit(70)  # EX_SOFTWARE; the engine falls back to a cold start
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal(sig):
+    """prctl(PR_SET_PDEATHSIG, sig); False where it cannot be set."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def _idle_until_run(run_dir):
+    """While idle: a parent's death (or SIGTERM) removes run_dir and exits."""
+    ppid = os.getppid()
+
+    def leave(signum=None, frame=None):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
+    _parent_death_signal(signal.SIGTERM)
+    if os.getppid() != ppid:  # died before the signal was armed
+        leave()
+    return ppid, leave
 
 
 def _warm():
@@ -148,6 +185,7 @@ def main():
     playbook_bin, run_dir = argv
     if os.path.realpath(os.getcwd()) != os.path.realpath(run_dir):
         _fail('not started in its run directory')
+    ppid, leave = _idle_until_run(run_dir)
     # As if the entry script had been run: its directory first on sys.path,
     # not this file's.
     sys.path[0] = os.path.dirname(playbook_bin)
@@ -163,7 +201,14 @@ def main():
 
     args = _read_request()
     if args is None:
-        os._exit(0)
+        leave()
+    # The run's directory is the engine's from here (its secrets are written
+    # before the request): die with the parent as a cold run would.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _parent_death_signal(signal.SIGKILL)
+    if os.getppid() != ppid:  # nobody is left to run it or clean up after it
+        shutil.rmtree(run_dir, ignore_errors=True)
+        os._exit(137)
     fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(fd, 0)
     os.close(fd)
