@@ -299,11 +299,16 @@ func (v *verifiedRun) kpsshLogins() int {
 }
 func (v *verifiedRun) shimRuns() int { return v.journalCount("sudo", shimSudoLine) }
 
-// shimState is what the shim recorded for a phase of the verified profile
-// ("" when it never accepted one).
+// shimState is the issued-at the shim recorded for a phase of the verified
+// profile ("" when no script of it succeeded yet); the record's second
+// field, <name>@<version>, is left out.
 func (v *verifiedRun) shimState(phase string) string {
 	v.w.t.Helper()
-	return v.w.hosts.MustRun(v.i, "cat "+shimStateDir+verifiedProfile+"."+phase+" 2>/dev/null || true")
+	rec := strings.Fields(v.w.hosts.MustRun(v.i, "cat "+shimStateDir+verifiedProfile+"."+phase+" 2>/dev/null || true"))
+	if len(rec) == 0 {
+		return ""
+	}
+	return rec[0]
 }
 
 func (v *verifiedRun) scale(n int) {

@@ -447,6 +447,41 @@ func TestVerifiedHost(t *testing.T) {
 		f.w.MustRun(0, "rm -f "+marker)
 	})
 
+	// The replay record moves only when a script succeeded: a newer
+	// manifest — the next version staged, and failing — does not lock the
+	// current one out; a newer one that succeeded still does (rollback).
+	t.Run("a newer manifest that failed blocks nothing", func(t *testing.T) {
+		next := profileName + "@4"
+		failing := "#!/bin/bash\nset -euo pipefail\necho next-version-broken >&2\nexit 1\n"
+		current := signed(now.Add(-2*time.Minute), "join", joinScript)
+		staged := engine.Verified{Signature: manifestField(t, f.signer, "join", next, failing, now.Add(-time.Minute)), Profile: next, TrustedSigners: []string{f.signer.pub}}
+		if r := f.run(engine.PhaseJoin, joinScript, current, ctx); r.Outcome != engine.Succeeded {
+			t.Fatalf("current manifest: %s: %s", r.Outcome, r.Message)
+		}
+		f.w.MustRun(0, "rm -f "+marker)
+		if r := f.run(engine.PhaseJoin, failing, staged, ctx); r.Outcome != engine.Failed || r.RC != engine.ShimScriptFailed {
+			t.Fatalf("newer, failing manifest of %s: want Failed rc 10, got %s rc %d: %s", next, r.Outcome, r.RC, r.Message)
+		}
+		if r := f.run(engine.PhaseJoin, joinScript, current, ctx); r.Outcome != engine.Succeeded {
+			t.Fatalf("current manifest after a newer one failed: want Succeeded, got %s rc %d: %s", r.Outcome, r.RC, r.Message)
+		}
+		f.w.MustRun(0, "rm -f "+marker)
+		if got := f.w.MustRun(0, "cat /var/lib/kpssh-shim/"+profileName+".join"); got != now.Add(-2*time.Minute).UTC().Format(envelope.TimeLayout)+" "+profile {
+			t.Fatalf("replay record %q, want the current manifest's issued-at and %s", got, profile)
+		}
+		// the next version, fixed and succeeding, moves the record: the
+		// current one is then a rollback
+		fixed := engine.Verified{Signature: manifestField(t, f.signer, "join", next, joinScript, now.Add(-30*time.Second)), Profile: next, TrustedSigners: []string{f.signer.pub}}
+		if r := f.run(engine.PhaseJoin, joinScript, fixed, ctx); r.Outcome != engine.Succeeded {
+			t.Fatalf("next version: %s: %s", r.Outcome, r.Message)
+		}
+		f.w.MustRun(0, "rm -f "+marker)
+		if r := f.run(engine.PhaseJoin, joinScript, current, ctx); r.Outcome != engine.Rejected || r.RC != engine.ShimBadSignature {
+			t.Fatalf("rollback to %s after %s succeeded: want Rejected rc 2, got %s rc %d: %s", profile, next, r.Outcome, r.RC, r.Message)
+		}
+		f.markerGone("rollback after the next version")
+	})
+
 	t.Run("failing signed script is Failed (10)", func(t *testing.T) {
 		bad := "#!/bin/bash\nset -euo pipefail\necho boom >&2\nfalse\ntouch " + marker + "\n"
 		r := f.run(engine.PhaseJoin, bad, signed(now, "join", bad), ctx)
