@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dklesev/kpssh/internal/envelope"
+	"github.com/dklesev/kpssh/internal/probe"
 	"github.com/dklesev/kpssh/internal/sshsig"
 )
 
@@ -37,22 +38,6 @@ type Verified struct {
 	ShimCommand string
 	// Now is the clock for manifest expiry (nil → time.Now).
 	Now func() time.Time
-}
-
-func validShimCommand(s string) bool {
-	// "kpssh-shim", "/usr/local/sbin/kpssh-shim", "sudo -n /usr/local/sbin/kpssh-shim":
-	// words of safe characters only (it becomes a remote command line).
-	if len(s) > 1024 {
-		return false
-	}
-	for _, w := range strings.Fields(s) {
-		for _, r := range w {
-			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+=,@", r)) {
-				return false
-			}
-		}
-	}
-	return strings.TrimSpace(s) != ""
 }
 
 func (v *Verified) shim() string {
@@ -98,8 +83,8 @@ func verifySource(phase Phase, src Source) (verifiedScript, error) {
 	if strings.Contains(src.Script, "{{") {
 		return out, fmt.Errorf("%s: the script contains {{ … }}: Verified hosts run the signed bytes unrendered, so signed scripts must be template-free (use the KPSSH_* environment)", phase)
 	}
-	if !validShimCommand(v.shim()) {
-		return out, errors.New("shimCommand holds characters the engine does not put into a remote command line")
+	if err := probe.ValidateShimCommand(v.ShimCommand); err != nil {
+		return out, err
 	}
 	trusted, err := sshsig.ParseTrusted(v.TrustedSigners)
 	if err != nil {

@@ -66,6 +66,10 @@ func TestVerifySignature(t *testing.T) {
 		{"rollback", PhaseJoin, Source{Script: script, Verified: &Verified{Signature: v2("join", "p@1", script, now), Profile: "p@2", TrustedSigners: []string{pub}, Now: clock}}, "not p@2"},
 		{"expired", PhaseJoin, Source{Script: script, Verified: &Verified{Signature: v2("join", "p@1", script, now.Add(-2*time.Hour)), Profile: "p@1", TrustedSigners: []string{pub}, Now: clock}}, "expired"},
 		{"shim command", PhaseJoin, Source{Script: script, Verified: &Verified{Signature: string(v1), TrustedSigners: []string{pub}, ShimCommand: "kpssh-shim; rm -rf /"}}, "shimCommand"},
+		// Safe characters, but a newline: the remote shell would run a second command.
+		{"shim command, newline", PhaseJoin, Source{Script: script, Verified: &Verified{Signature: string(v1), TrustedSigners: []string{pub}, ShimCommand: "kpssh-shim\nrm -rf /tmp/x"}}, "shimCommand"},
+		{"shim command, tab", PhaseJoin, Source{Script: script, Verified: &Verified{Signature: string(v1), TrustedSigners: []string{pub}, ShimCommand: "sudo\t-n kpssh-shim"}}, "shimCommand"},
+		{"shim command, sudo", PhaseJoin, Source{Script: script, Verified: &Verified{Signature: string(v1), TrustedSigners: []string{pub}, ShimCommand: "sudo -n /usr/local/sbin/kpssh-shim"}}, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -35,13 +35,14 @@ const MaxShimCommand = 1024
 var shimCommandRE = regexp.MustCompile(ShimCommandPattern)
 
 // ValidateShimCommand checks a host's spec.shimCommand against the CRD's
-// rules, for objects stored before the CRD enforced them.
+// rules, for objects stored before the CRD enforced them: the one check of
+// the field, for the probe and the engine's Verified phases alike.
 func ValidateShimCommand(s string) error {
 	if len(s) > MaxShimCommand {
 		return fmt.Errorf("spec.shimCommand is %d characters, more than %d", len(s), MaxShimCommand)
 	}
 	if !shimCommandRE.MatchString(s) {
-		return fmt.Errorf("spec.shimCommand %q does not match %s (words of letters, digits and /._+=,@- separated by single spaces); not probing with it", truncate(s, 80), ShimCommandPattern)
+		return fmt.Errorf("spec.shimCommand %q does not match %s (words of letters, digits and /._+=,@- separated by single spaces)", truncate(s, 80), ShimCommandPattern)
 	}
 	return nil
 }
@@ -54,7 +55,7 @@ func Command(verified bool, shimCommand string) (string, error) {
 		return rawCommand, nil
 	}
 	if err := ValidateShimCommand(shimCommand); err != nil {
-		return "", err
+		return "", fmt.Errorf("%w; not probing with it", err)
 	}
 	if shimCommand == "" {
 		shimCommand = "kpssh-shim"
