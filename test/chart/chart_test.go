@@ -4,7 +4,8 @@
 // generated ones, the Deployment's environment accepted by the controller's
 // own option parsing, and a real `helm install` onto a kube-apiserver that
 // starts without any CRD (so the chart installs them), with the installed
-// RBAC checked by the apiserver's authorizer.
+// RBAC checked by the apiserver's authorizer and the optional admission
+// policy by requests as the controller's ServiceAccount.
 package chart
 
 import (
@@ -25,12 +26,17 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	karpapis "sigs.k8s.io/karpenter/pkg/apis"
@@ -38,11 +44,15 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dklesev/kpssh/internal/operator/options"
+	"github.com/dklesev/kpssh/internal/providers/token"
 	"github.com/dklesev/kpssh/test/testenv"
 )
 
 // allOn turns on every optional object of the chart.
-var allOn = []string{"--set", "serviceMonitor.enabled=true,networkPolicy.enabled=true,podDisruptionBudget.enabled=true,dashboard.enabled=true,executor=job"}
+var allOn = []string{"--set", "serviceMonitor.enabled=true,networkPolicy.enabled=true,podDisruptionBudget.enabled=true,dashboard.enabled=true,executor=job,tokenSecretPolicy.enabled=true," + egressOn}
+
+// egressOn restricts the NetworkPolicy's egress (it needs networkPolicy.enabled).
+const egressOn = "networkPolicy.egress.enabled=true,networkPolicy.egress.apiServerCIDRs={10.0.0.1/32,fd00::1/128},networkPolicy.egress.sshCIDRs={192.0.2.0/24}"
 
 // kubeVersion is the apiserver version the tests run against (helm's
 // template needs one; the chart requires ≥ 1.29).
@@ -180,14 +190,14 @@ func TestLintAndTemplate(t *testing.T) {
 			t.Errorf("defaults: %d %s, want %d (all: %v)", def[k], k, n, def)
 		}
 	}
-	for _, k := range []string{"ServiceMonitor", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"} {
+	for _, k := range []string{"ServiceMonitor", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 		if def[k] != 0 {
 			t.Errorf("defaults render an optional %s", k)
 		}
 	}
 	all := w.template(t, allOn...)
 	on := kinds(all)
-	for k, n := range map[string]int{"ServiceMonitor": 1, "NetworkPolicy": 1, "PodDisruptionBudget": 1, "ConfigMap": 1, "Role": 6, "RoleBinding": 6} {
+	for k, n := range map[string]int{"ServiceMonitor": 1, "NetworkPolicy": 1, "PodDisruptionBudget": 1, "ConfigMap": 1, "Role": 6, "RoleBinding": 6, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1} {
 		if on[k] != n {
 			t.Errorf("all on: %d %s, want %d (all: %v)", on[k], k, n, on)
 		}
@@ -380,6 +390,21 @@ func TestBadValuesRefused(t *testing.T) {
 		{"serviceAccount.create=false", "serviceAccount.name is required"},
 		{"replicas=2,leaderElection.enabled=false", "replicas > 1 needs leaderElection.enabled"},
 		{"poolNamespace=Bad_NS", "/poolNamespace"},
+		// Restricted egress: every list it opens is given, every CIDR is one.
+		{"networkPolicy.enabled=true,networkPolicy.egress.enabled=true", "networkPolicy.egress.apiServerCIDRs is empty"},
+		{"networkPolicy.enabled=true,networkPolicy.egress.enabled=true,networkPolicy.egress.apiServerCIDRs={10.0.0.1/32}", "networkPolicy.egress.sshCIDRs is empty"},
+		{"networkPolicy.enabled=true," + egressOn + ",networkPolicy.egress.sshCIDRs=null", "networkPolicy.egress.sshCIDRs is empty"},
+		{egressOn, "networkPolicy.egress.enabled needs networkPolicy.enabled"},
+		{"networkPolicy.enabled=true," + egressOn + ",networkPolicy.egress.apiServerCIDRs={kubernetes.default.svc}", `networkPolicy.egress.apiServerCIDRs: "kubernetes.default.svc" is not a CIDR`},
+		{"networkPolicy.enabled=true," + egressOn + ",networkPolicy.egress.sshCIDRs={192.0.2.0/24,10.0.0.1}", `networkPolicy.egress.sshCIDRs: "10.0.0.1" is not a CIDR`},
+		{"networkPolicy.enabled=true," + egressOn + ",networkPolicy.egress.sshCIDRs={10.0.0.0/33}", `networkPolicy.egress.sshCIDRs: "10.0.0.0/33" is not a CIDR`},
+		{"networkPolicy.enabled=true," + egressOn + ",networkPolicy.egress.sshCIDRs={2001:db8:::/48}", `networkPolicy.egress.sshCIDRs: "2001:db8:::/48" is not a CIDR`},
+		{"networkPolicy.enabled=true," + egressOn + ",networkPolicy.egress.sshCIDRs={10}", "/networkPolicy/egress/sshCIDRs/0"},
+		{"networkPolicy.enabled=true," + egressOn + ",networkPolicy.egress.sshPorts={0}", "/networkPolicy/egress/sshPorts/0"},
+		{"networkPolicy.enabled=true," + egressOn + ",networkPolicy.egress.sshPorts=null", "networkPolicy.egress.sshPorts is empty"},
+		{"networkPolicy.enabled=true," + egressOn + ",networkPolicy.egress.apiServerPorts=null", "networkPolicy.egress.apiServerPorts is empty"},
+		{"networkPolicy.egress.typo=1", "additional properties 'typo' not allowed"},
+		{"tokenSecretPolicy.typo=1", "additional properties 'typo' not allowed"},
 	}
 	for _, tc := range cases {
 		_, stderr, code := w.run(t, "template", "kpssh", w.chart, "--kube-version", kubeVersion, "--set", tc.set)
@@ -387,10 +412,82 @@ func TestBadValuesRefused(t *testing.T) {
 			t.Errorf("--set %s: exit %d, stderr %q, want it to contain %q", tc.set, code, stderr, tc.want)
 		}
 	}
+	// The admission policy's API is GA from Kubernetes 1.30.
+	want := "tokenSecretPolicy.enabled needs Kubernetes ≥ 1.30"
+	if _, stderr, code := w.run(t, "template", "kpssh", w.chart, "--kube-version", "1.29.9", "--set", "tokenSecretPolicy.enabled=true"); code == 0 || !strings.Contains(stderr, want) {
+		t.Errorf("tokenSecretPolicy on 1.29: exit %d, stderr %q, want it to contain %q", code, stderr, want)
+	}
 	// A sensible budget with replicas passes.
 	if _, stderr, code := w.run(t, "template", "kpssh", w.chart, "--kube-version", kubeVersion, "--set",
 		"replicas=3,podDisruptionBudget.enabled=true,podDisruptionBudget.maxUnavailable=null,podDisruptionBudget.minAvailable=2"); code != 0 {
 		t.Errorf("minAvailable 2 of 3: %s", stderr)
+	}
+}
+
+// TestNetworkPolicy: ingress only by default; with networkPolicy.egress
+// the controller may reach exactly the API server, cluster DNS and the
+// pool's SSH ports, nothing else.
+func TestNetworkPolicy(t *testing.T) {
+	w := setup(t)
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	port := func(p int32, proto corev1.Protocol) networkingv1.NetworkPolicyPort {
+		v := intstr.FromInt32(p)
+		return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &v}
+	}
+	cidrs := func(cs ...string) []networkingv1.NetworkPolicyPeer {
+		var out []networkingv1.NetworkPolicyPeer
+		for _, c := range cs {
+			out = append(out, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: c}})
+		}
+		return out
+	}
+	kubeDNS := []networkingv1.NetworkPolicyPeer{{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}},
+		PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
+	}}
+	base := networkingv1.NetworkPolicySpec{
+		PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "kpssh", "app.kubernetes.io/instance": "kpssh"}},
+		PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+		Ingress: []networkingv1.NetworkPolicyIngressRule{
+			{Ports: []networkingv1.NetworkPolicyPort{port(8080, tcp)}},
+			{Ports: []networkingv1.NetworkPolicyPort{port(8081, tcp)}},
+		},
+	}
+	restricted := func(egress ...networkingv1.NetworkPolicyEgressRule) networkingv1.NetworkPolicySpec {
+		s := *base.DeepCopy()
+		s.PolicyTypes = append(s.PolicyTypes, networkingv1.PolicyTypeEgress)
+		s.Egress = egress
+		return s
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want networkingv1.NetworkPolicySpec
+	}{
+		{"ingress only", []string{"--set", "networkPolicy.enabled=true"}, base},
+		{"egress restricted", []string{"--set", "networkPolicy.enabled=true," + egressOn}, restricted(
+			networkingv1.NetworkPolicyEgressRule{To: cidrs("10.0.0.1/32", "fd00::1/128"), Ports: []networkingv1.NetworkPolicyPort{port(443, tcp), port(6443, tcp)}},
+			networkingv1.NetworkPolicyEgressRule{To: cidrs("192.0.2.0/24"), Ports: []networkingv1.NetworkPolicyPort{port(22, tcp)}},
+			networkingv1.NetworkPolicyEgressRule{To: kubeDNS, Ports: []networkingv1.NetworkPolicyPort{port(53, udp), port(53, tcp)}},
+		)},
+		// Other ports, every CIDR form, DNS peers emptied: port 53 to anywhere.
+		{"egress ports and DNS", []string{"--set", "networkPolicy.enabled=true," + egressOn +
+			",networkPolicy.egress.apiServerPorts={6443},networkPolicy.egress.sshPorts={22,2222}" +
+			",networkPolicy.egress.sshCIDRs={0.0.0.0/0,::/0,2001:db8::/32,fe80::1:2:3:4/64,1:2:3:4:5:6:7:8/128}",
+			"--set-json", "networkPolicy.egress.dnsTo=[]"}, restricted(
+			networkingv1.NetworkPolicyEgressRule{To: cidrs("10.0.0.1/32", "fd00::1/128"), Ports: []networkingv1.NetworkPolicyPort{port(6443, tcp)}},
+			networkingv1.NetworkPolicyEgressRule{To: cidrs("0.0.0.0/0", "::/0", "2001:db8::/32", "fe80::1:2:3:4/64", "1:2:3:4:5:6:7:8/128"), Ports: []networkingv1.NetworkPolicyPort{port(22, tcp), port(2222, tcp)}},
+			networkingv1.NetworkPolicyEgressRule{Ports: []networkingv1.NetworkPolicyPort{port(53, udp), port(53, tcp)}},
+		)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			np := convert[networkingv1.NetworkPolicy](t, find(w.template(t, tc.args...), "NetworkPolicy", "kpssh", "kpssh"))
+			if !equality.Semantic.DeepEqual(np.Spec, tc.want) {
+				got, _ := yaml.Marshal(np.Spec)
+				want, _ := yaml.Marshal(tc.want)
+				t.Errorf("NetworkPolicy spec\n%s\nwant\n%s", got, want)
+			}
+		})
 	}
 }
 
@@ -440,8 +537,10 @@ func TestChartCRDs(t *testing.T) {
 
 // TestHelmInstall installs the chart, every optional object on, onto a
 // real kube-apiserver that has no CRDs yet; the apiserver accepts every
-// object and its authorizer grants the ServiceAccount exactly the scoped
-// permissions.
+// object (the restricted-egress NetworkPolicy among them) and its
+// authorizer grants the ServiceAccount exactly the scoped permissions; an
+// upgrade with tokenSecretPolicy then holds the ServiceAccount, as its
+// admission policy, to bootstrap token Secrets in kube-system.
 func TestHelmInstall(t *testing.T) {
 	w := setup(t)
 	assets, err := testenv.Assets()
@@ -492,7 +591,7 @@ func TestHelmInstall(t *testing.T) {
 	}
 
 	args := append([]string{"install", "kpssh", w.chart, "--kubeconfig", kubeconfig, "--namespace", "kpssh", "--timeout", "2m"},
-		"--set", "serviceMonitor.enabled=true,networkPolicy.enabled=true,podDisruptionBudget.enabled=true,dashboard.enabled=true")
+		"--set", "serviceMonitor.enabled=true,networkPolicy.enabled=true,podDisruptionBudget.enabled=true,dashboard.enabled=true,"+egressOn)
 	out, stderr, code := w.run(t, args...)
 	if code != 0 {
 		t.Fatalf("helm install: exit %d\n%s%s", code, out, stderr)
@@ -527,6 +626,16 @@ func TestHelmInstall(t *testing.T) {
 			t.Errorf("%s %s/%s not in the apiserver: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
 		}
 	}
+	// The restricted-egress NetworkPolicy passed the apiserver's validation
+	// and is stored as rendered (no CNI here: nothing enforces it).
+	np := convert[networkingv1.NetworkPolicy](t, find(objs, "NetworkPolicy", "kpssh", "kpssh"))
+	var storedNP networkingv1.NetworkPolicy
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: "kpssh", Name: "kpssh"}, &storedNP); err != nil {
+		t.Fatal(err)
+	}
+	if len(storedNP.Spec.Egress) != 3 || len(storedNP.Spec.PolicyTypes) != 2 || !equality.Semantic.DeepEqual(storedNP.Spec, np.Spec) {
+		t.Errorf("NetworkPolicy as stored %+v, rendered %+v", storedNP.Spec, np.Spec)
+	}
 	var d appsv1.Deployment
 	if err := cl.Get(ctx, client.ObjectKey{Namespace: "kpssh", Name: "kpssh"}, &d); err != nil {
 		t.Fatal(err)
@@ -546,6 +655,9 @@ func TestHelmInstall(t *testing.T) {
 		{"get", "", "secrets", "", "kpssh", "x", false},
 		{"create", "", "secrets", "", "kube-system", "", true},
 		{"delete", "", "secrets", "", "kube-system", "bootstrap-token-abcdef", true},
+		{"get", "", "secrets", "", "kube-system", "bootstrap-token-abcdef", false}, // tokens are minted and deleted, never read back
+		{"list", "", "secrets", "", "kube-system", "", false},
+		{"watch", "", "secrets", "", "kube-system", "", false},
 		{"update", "", "secrets", "", "kube-system", "bootstrap-token-abcdef", false},
 		{"get", "", "configmaps", "", "kube-public", "cluster-info", true},
 		{"get", "", "configmaps", "", "kube-public", "other", false},
@@ -573,6 +685,27 @@ func TestHelmInstall(t *testing.T) {
 		{"delete", "coordination.k8s.io", "leases", "", "kube-node-lease", "n1", true},
 		{"create", "batch", "jobs", "", "kpssh", "", false}, // executor local: no Job RBAC
 	})
+
+	// RBAC cannot scope a create by name: without tokenSecretPolicy the
+	// ServiceAccount may create any Secret in kube-system.
+	saCfg := rest.CopyConfig(cfg)
+	saCfg.Impersonate = rest.ImpersonationConfig{UserName: sa, Groups: saGroups}
+	asSA, err := client.New(saCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := asSA.Create(ctx, kubeSystemSecret("kpssh-attack", corev1.SecretTypeOpaque)); err != nil {
+		t.Fatalf("without tokenSecretPolicy: the ServiceAccount's create of an Opaque Secret in kube-system: %v", err)
+	}
+	if err := cl.Delete(ctx, kubeSystemSecret("kpssh-attack", "")); err != nil {
+		t.Fatal(err)
+	}
+	// With it, an admission policy holds the ServiceAccount to bootstrap
+	// token Secrets there.
+	if out, stderr, code := w.run(t, "upgrade", "kpssh", w.chart, "--kubeconfig", kubeconfig, "--namespace", "kpssh", "--timeout", "2m", "--reuse-values", "--set", "tokenSecretPolicy.enabled=true"); code != 0 {
+		t.Fatalf("helm upgrade tokenSecretPolicy.enabled=true: exit %d\n%s%s", code, out, stderr)
+	}
+	checkTokenSecretPolicy(t, cl, asSA)
 
 	// Executor job (an upgrade of the same release): the Job executor's Role
 	// in the Job namespace, and nothing more than it needs there.
@@ -609,6 +742,92 @@ func TestHelmInstall(t *testing.T) {
 	}
 }
 
+// checkTokenSecretPolicy: as the controller's ServiceAccount (asSA), the
+// controller's own token code mints and deletes bootstrap tokens in
+// kube-system; every other Secret there is refused, create and delete, with
+// the policy's message.
+func checkTokenSecretPolicy(t *testing.T, cl, asSA client.Client) {
+	t.Helper()
+	ctx := context.Background()
+	refused := func(what, verb string, err error) {
+		t.Helper()
+		want := "may only " + verb + " Secrets named bootstrap-token-<id> of type bootstrap.kubernetes.io/token in kube-system"
+		switch {
+		case err == nil:
+			t.Errorf("tokenSecretPolicy: %s: allowed", what)
+		case !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want):
+			t.Errorf("tokenSecretPolicy: %s: %v, want Forbidden with %q", what, err, want)
+		default:
+			t.Logf("%s: refused: %v", what, err)
+		}
+	}
+	// The apiserver loads a new policy a moment after it is created.
+	eventually(t, "tokenSecretPolicy in force", func() (bool, error) {
+		err := asSA.Create(ctx, kubeSystemSecret("kpssh-attack", corev1.SecretTypeOpaque))
+		if err == nil {
+			return false, errors.Join(errors.New("created"), cl.Delete(ctx, kubeSystemSecret("kpssh-attack", "")))
+		}
+		return strings.Contains(err.Error(), "bootstrap-token-<id>"), err
+	})
+	for _, tc := range []struct {
+		what string
+		s    *corev1.Secret
+	}{
+		{"an Opaque Secret", kubeSystemSecret("kpssh-attack", corev1.SecretTypeOpaque)},
+		{"an Opaque Secret named like a token", kubeSystemSecret("bootstrap-token-abcdeg", corev1.SecretTypeOpaque)},
+		{"a token Secret named otherwise", kubeSystemSecret("kpssh-attack", bootstrapapi.SecretTypeBootstrapToken)},
+		{"a token Secret with a 7-character id", kubeSystemSecret("bootstrap-token-abcdefg", bootstrapapi.SecretTypeBootstrapToken)},
+		{"a TLS Secret", kubeSystemSecret("bootstrap-token-abcdeh", corev1.SecretTypeTLS)},
+	} {
+		err := asSA.Create(ctx, tc.s)
+		refused("create "+tc.what+" "+tc.s.Name, "create", err)
+		if err == nil {
+			_ = cl.Delete(ctx, tc.s)
+		}
+	}
+	// The controller's token code works under the policy and without get.
+	tokens := token.New(asSA)
+	tok, err := tokens.Mint(ctx, "nc-1")
+	if err != nil {
+		t.Fatalf("tokenSecretPolicy: mint as the ServiceAccount: %v", err)
+	}
+	// Other Secrets in kube-system (the policy binds the ServiceAccount
+	// only): the admin creates one, the ServiceAccount cannot delete it.
+	victim := kubeSystemSecret("kpssh-victim", corev1.SecretTypeOpaque)
+	if err := cl.Create(ctx, victim); err != nil {
+		t.Fatalf("admin create in kube-system under the policy: %v", err)
+	}
+	refused("delete an Opaque Secret", "delete", asSA.Delete(ctx, kubeSystemSecret("kpssh-victim", "")))
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(victim), &corev1.Secret{}); err != nil {
+		t.Errorf("tokenSecretPolicy: %s after a refused delete: %v", victim.Name, err)
+	}
+	if err := tokens.Delete(ctx, tok.ID); err != nil {
+		t.Errorf("tokenSecretPolicy: delete token as the ServiceAccount: %v", err)
+	}
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: token.Namespace, Name: token.SecretName(tok.ID)}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		t.Errorf("tokenSecretPolicy: token Secret after its delete: %v", err)
+	}
+	if err := cl.Delete(ctx, victim); err != nil {
+		t.Error(err)
+	}
+}
+
+// kubeSystemSecret is a Secret in kube-system (typ "": for a delete).
+func kubeSystemSecret(name string, typ corev1.SecretType) *corev1.Secret {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: name}, Type: typ}
+	switch typ {
+	case "":
+	case corev1.SecretTypeTLS:
+		s.Data = map[string][]byte{corev1.TLSCertKey: []byte("c"), corev1.TLSPrivateKeyKey: []byte("k")}
+	default:
+		s.Data = map[string][]byte{"k": []byte("v")}
+	}
+	return s
+}
+
+// saGroups are the groups of the controller's ServiceAccount (release namespace kpssh).
+var saGroups = []string{"system:serviceaccounts", "system:serviceaccounts:kpssh", "system:authenticated"}
+
 // access is one SubjectAccessReview and its expected answer.
 type access struct {
 	verb, group, resource, sub, ns, name string
@@ -625,7 +844,7 @@ func checkAccess(t *testing.T, cl client.Client, user, what string, cases []acce
 		eventually(t, what+" "+tc.verb+" "+tc.resource, func() (bool, error) {
 			got = &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 				User:               user,
-				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:kpssh", "system:authenticated"},
+				Groups:             saGroups,
 				ResourceAttributes: &authzv1.ResourceAttributes{Verb: tc.verb, Group: tc.group, Resource: tc.resource, Subresource: tc.sub, Namespace: tc.ns, Name: tc.name},
 			}}
 			if err := cl.Create(context.Background(), got); err != nil {
