@@ -1,5 +1,10 @@
 package v1beta1
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
 // Well-known names shared by the API, the controllers and users' runbooks.
 const (
 	// LabelHostClass assigns a host to a class (one Karpenter instance type).
@@ -10,6 +15,10 @@ const (
 	AnnotationMaintenance = Group + "/maintenance"
 	// LabelManaged marks nodes this provider manages (controller anti-affinity).
 	LabelManaged = Group + "/managed"
+	// LabelHost is on the Node of a providerIDSource Adopt join (passed in
+	// KPSSH_NODE_LABELS): the host it joined from, as HostLabelValue. It is
+	// the Node's identity until kpssh has learnt its providerID.
+	LabelHost = Group + "/host"
 	// AnnotationNodeClassHash and AnnotationNodeClassHashVersion are stamped on NodeClaims for drift.
 	AnnotationNodeClassHash        = Group + "/nodeclass-hash"
 	AnnotationNodeClassHashVersion = Group + "/nodeclass-hash-version"
@@ -27,4 +36,16 @@ func HostClass(labels map[string]string) string {
 		return c
 	}
 	return DefaultHostClass
+}
+
+// HostLabelValue is LabelHost's value for host name in namespace:
+// "<namespace>.<name>" (a namespace has no dot), or, when that is longer
+// than a label value may be, "sha256-" and 56 hex digits of the digest of
+// "<namespace>/<name>" (no dot: never equal to a readable value).
+func HostLabelValue(namespace, name string) string {
+	if v := namespace + "." + name; len(v) <= 63 {
+		return v
+	}
+	sum := sha256.Sum256([]byte(namespace + "/" + name))
+	return "sha256-" + hex.EncodeToString(sum[:])[:56]
 }

@@ -4,28 +4,37 @@ import (
 	"context"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/providers/leave"
 )
 
 // adopt waits for the Node a providerIDSource=Adopt join registered itself
 // (its mechanism sets the providerID, e.g. nodeadm's eks-hybrid:///…) and
-// returns that providerID. The Node is matched by InternalIP = the host's
-// node address.
-func (c *CloudProvider) adopt(ctx context.Context, h *v1beta1.SSHHost) (string, error) {
-	addr := NodeAddress(h)
+// returns that providerID. The Node must be tied to the host (leave.Tied):
+// it carries the host label the join was given (v1beta1.LabelHost), the
+// host's node address as InternalIP, and was created since the NodeClaim.
+// A Node with the address alone is not the host's, and of several tied
+// Nodes none is adopted.
+func (c *CloudProvider) adopt(ctx context.Context, h *v1beta1.SSHHost, nodeClaim *karpv1.NodeClaim) (string, error) {
+	since := nodeClaim.CreationTimestamp.Time
 	deadline := c.Clock.Now().Add(c.AdoptTimeout)
 	for {
-		id, err := c.nodeProviderIDByIP(ctx, addr)
+		m, err := leave.MatchingNode(ctx, c.Live, h, since)
 		if err != nil {
 			return "", err
 		}
-		if id != "" {
-			return id, nil
+		if n := m.Node; n != nil && n.Spec.ProviderID != "" && n.DeletionTimestamp.IsZero() {
+			return n.Spec.ProviderID, nil
 		}
 		if !c.Clock.Now().Before(deadline) {
-			return "", fmt.Errorf("no Node with InternalIP %s and a providerID appeared within %s", addr, c.AdoptTimeout)
+			if err := m.Err(h); err != nil {
+				c.Recorder.Publish(leave.AmbiguousNodes(h, m))
+				return "", err
+			}
+			return "", fmt.Errorf("no Node with label %s=%s, InternalIP %s and a providerID registered within %s",
+				v1beta1.LabelHost, v1beta1.HostLabelValue(h.Namespace, h.Name), NodeAddress(h), c.AdoptTimeout)
 		}
 		select {
 		case <-ctx.Done():
@@ -33,23 +42,4 @@ func (c *CloudProvider) adopt(ctx context.Context, h *v1beta1.SSHHost) (string, 
 		case <-c.Clock.After(c.AdoptPoll):
 		}
 	}
-}
-
-func (c *CloudProvider) nodeProviderIDByIP(ctx context.Context, ip string) (string, error) {
-	nodes := &corev1.NodeList{}
-	if err := c.Live.List(ctx, nodes); err != nil {
-		return "", err
-	}
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
-		if n.Spec.ProviderID == "" || !n.DeletionTimestamp.IsZero() {
-			continue
-		}
-		for _, a := range n.Status.Addresses {
-			if a.Type == corev1.NodeInternalIP && a.Address == ip {
-				return n.Spec.ProviderID, nil
-			}
-		}
-	}
-	return "", nil
 }

@@ -3,6 +3,7 @@ package cloudprovider
 import (
 	"context"
 	"errors"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -534,18 +535,40 @@ func TestCreateClaimLostDuringJoin(t *testing.T) {
 
 func TestCreateAdopt(t *testing.T) {
 	adopt := nodeClass(func(nc *v1beta1.SSHNodeClass) { nc.Spec.ProviderIDSource = v1beta1.ProviderIDAdopt })
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mi-1"}, Spec: corev1.NodeSpec{ProviderID: "eks-hybrid:///eu/c/mi-1"},
+	hostLabel := v1beta1.LabelHost + "=" + v1beta1.HostLabelValue(ns, "h1")
+	// The join's kubelet registers with the labels it was given; another
+	// Node with the same InternalIP (listed first) is not the host's.
+	other := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mi-0"}, Spec: corev1.NodeSpec{ProviderID: "eks-hybrid:///eu/c/mi-0"},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}}}
-	w := newWorld(t, nil, adopt, joinProfile(), newHost("h1", "small"), node)
-	out, err := w.cp.Create(context.Background(), newNodeClaim("a"))
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mi-1", Labels: map[string]string{v1beta1.LabelHost: v1beta1.HostLabelValue(ns, "h1")}},
+		Spec:   corev1.NodeSpec{ProviderID: "eks-hybrid:///eu/c/mi-1"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}}}
+	w := newWorld(t, nil, adopt, joinProfile(), newHost("h1", "small"), other, node)
+	// A NodePool's template cannot hand the kubelet another host's identity.
+	out, err := w.cp.Create(context.Background(), newNodeClaim("a", func(nc *karpv1.NodeClaim) { nc.Labels[v1beta1.LabelHost] = "kpssh-system.h9" }))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if out.Status.ProviderID != "eks-hybrid:///eu/c/mi-1" {
 		t.Fatalf("adopted providerID %q", out.Status.ProviderID)
 	}
-	if w.ph.calls[0].Ctx.ProviderID != "" {
+	c := w.ph.calls[0].Ctx
+	if c.ProviderID != "" {
 		t.Fatal("Adopt mode must pass an empty KPSSH_PROVIDER_ID")
+	}
+	if labels := strings.Split(c.NodeLabels, ","); !contains(labels, hostLabel) || strings.Contains(c.NodeLabels, "h9") || !sort.StringsAreSorted(labels) {
+		t.Fatalf("KPSSH_NODE_LABELS %q: want %s (sorted in), not the NodeClaim's", c.NodeLabels, hostLabel)
+	}
+}
+
+// Static mode needs no host label: the providerID is the identity.
+func TestStaticJoinGetsNoHostLabel(t *testing.T) {
+	w := newWorld(t, nil, standard(newHost("h1", "small"))...)
+	if _, err := w.cp.Create(context.Background(), newNodeClaim("a")); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.ph.calls[0].Ctx; strings.Contains(c.NodeLabels, v1beta1.LabelHost+"=") || c.ProviderID != ProviderID(ns, "h1") {
+		t.Fatalf("Static join context: labels %q providerID %q", c.NodeLabels, c.ProviderID)
 	}
 }
 

@@ -201,7 +201,7 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 
 	providerID := pc.ProviderID
 	if !static {
-		providerID, err = c.adopt(ctx, h)
+		providerID, err = c.adopt(ctx, h, nodeClaim)
 		if err != nil {
 			f := failure{event: ReasonAdoptFailed, state: v1beta1.HostUnhealthy, msg: err.Error(), lastPhase: out.LastPhase}
 			return nil, c.fail(ctx, nodeClaim, h, claim, f)
@@ -229,7 +229,8 @@ func secretValues(m map[string]string) []string {
 // NodeLabels is KPSSH_NODE_LABELS: the NodeClaim's labels plus the instance
 // type's single-valued ones, as `k=v,…` sorted, minus what a kubelet may not
 // set on itself (kubernetes.io/k8s.io labels outside the kubelet's allowed
-// set make kubelet refuse to start; Karpenter syncs those onto the Node).
+// set make kubelet refuse to start; Karpenter syncs those onto the Node) and
+// minus v1beta1.LabelHost (JoinContext adds it in Adopt mode).
 func NodeLabels(nodeClaim *karpv1.NodeClaim, it *cloudprovider.InstanceType) string {
 	labels := map[string]string{}
 	for k, v := range singleValued(it) {
@@ -240,7 +241,9 @@ func NodeLabels(nodeClaim *karpv1.NodeClaim, it *cloudprovider.InstanceType) str
 	}
 	var out []string
 	for k, v := range labels {
-		if kubeletMaySet(k) {
+		// The host label is kpssh's to give (JoinContext, Adopt mode): a
+		// NodePool's template must not hand a host's identity to a kubelet.
+		if kubeletMaySet(k) && k != v1beta1.LabelHost {
 			out = append(out, k+"="+v)
 		}
 	}

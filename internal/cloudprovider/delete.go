@@ -53,13 +53,8 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		lastPhase = out.LastPhase
 		if !out.OK() {
 			state, msg = v1beta1.HostUnhealthy, phase.Summary(engine.PhaseLeave, out.Result)
-		} else if node, err := leave.DeleteNode(ctx, c.Client, h); err != nil {
+		} else if err := c.deleteLeftNode(ctx, nodeClaim, h); err != nil {
 			return err // core retries; leave is idempotent
-		} else if node != "" {
-			// Registered after Karpenter looked for this claim's Nodes
-			// (deleted before it saw the registration): nothing else
-			// removes it once the kubelet is gone.
-			logFor(ctx, nodeClaim).Info("deleted the Node left by the claim", "host", h.Name, "Node", node)
 		}
 	}
 	if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil {
@@ -78,5 +73,26 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		return fmt.Errorf("release host %s: %w", h.Name, err) // core retries
 	}
 	logFor(ctx, nodeClaim).Info("host left", "host", h.Name, "state", state)
+	return nil
+}
+
+// deleteLeftNode deletes the Node tied to the host (leave.Tied: its
+// providerID, or — mid-join in Adopt mode — the host label on a Node
+// created since this claim; never its address alone) once leave stopped
+// its kubelet. Registered after Karpenter looked for this claim's Nodes
+// (deleted before it saw the registration), nothing else removes it.
+// Several tied Nodes: none is deleted, the host gets an event.
+func (c *CloudProvider) deleteLeftNode(ctx context.Context, nodeClaim *karpv1.NodeClaim, h *v1beta1.SSHHost) error {
+	node, m, err := leave.DeleteNode(ctx, c.Client, h, nodeClaim.CreationTimestamp.Time)
+	if err != nil {
+		return err
+	}
+	if node != "" {
+		logFor(ctx, nodeClaim).Info("deleted the Node left by the claim", "host", h.Name, "Node", node)
+	}
+	if err := m.Err(h); err != nil {
+		logFor(ctx, nodeClaim).Info("no Node deleted: several are tied to the host", "host", h.Name, "nodes", m.Several)
+		c.Recorder.Publish(leave.AmbiguousNodes(h, m))
+	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,6 +19,7 @@ import (
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/profile"
 	"github.com/dklesev/kpssh/internal/providers/clusterinfo"
+	"github.com/dklesev/kpssh/internal/providers/leave"
 )
 
 // JoinContext is the engine context install, join and uninstall get on host
@@ -37,18 +40,27 @@ func JoinContext(h *v1beta1.SSHHost, nc *v1beta1.SSHNodeClass, prof *v1beta1.SSH
 	}
 	if nc.Spec.ProviderIDSource != v1beta1.ProviderIDAdopt {
 		pc.ProviderID = ProviderID(h.Namespace, h.Name)
+	} else {
+		// The Node's identity until Adopt learns its providerID
+		// (leave.Tied): its InternalIP alone would name no particular Node.
+		pc.NodeLabels = withLabel(pc.NodeLabels, v1beta1.LabelHost+"="+v1beta1.HostLabelValue(h.Namespace, h.Name))
 	}
 	return pc
 }
 
+// withLabel adds `k=v` to a sorted KPSSH_NODE_LABELS list.
+func withLabel(list, kv string) string {
+	labels := []string{kv}
+	if list != "" {
+		labels = append(strings.Split(list, ","), kv)
+	}
+	sort.Strings(labels)
+	return strings.Join(labels, ",")
+}
+
 // NodeAddress is the address the node advertises: spec.nodeAddress, else
 // spec.address.
-func NodeAddress(h *v1beta1.SSHHost) string {
-	if h.Spec.NodeAddress != "" {
-		return h.Spec.NodeAddress
-	}
-	return h.Spec.Address
-}
+func NodeAddress(h *v1beta1.SSHHost) string { return leave.NodeAddress(h) }
 
 // ErrSecretKey is wrapped by JoinSecrets' error for a key that cannot be
 // exported (configuration, not an API failure).

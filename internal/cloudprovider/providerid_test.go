@@ -1,6 +1,18 @@
 package cloudprovider
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/dklesev/kpssh/internal/providers/leave"
+)
+
+// The Static providerID by which leave ties a Node to its host (the zombie
+// guard, Delete, token GC) must be the one Create gives the join.
+func TestStaticProviderIDIsTheCloudProvidersFormat(t *testing.T) {
+	if got, want := leave.StaticProviderID(newHost("bm-07", "small")), ProviderID(ns, "bm-07"); got != want || got != "kpssh://kpssh-system/bm-07" {
+		t.Fatalf("leave says %q, the cloud provider %q", got, want)
+	}
+}
 
 func TestParseProviderID(t *testing.T) {
 	for _, tc := range []struct {

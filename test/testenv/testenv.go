@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -178,6 +179,23 @@ func (e *Env) Stop() error {
 		_ = os.RemoveAll(e.tmp)
 	}
 	return e.env.Stop()
+}
+
+// CreateNode creates n with the InternalIP ip (written through the status
+// subresource, as a kubelet does) and deletes it when the test ends: Nodes
+// are cluster-scoped, so tests sharing a control plane must not leave them.
+func (e *Env) CreateNode(t testing.TB, n *corev1.Node, ip string) *corev1.Node {
+	t.Helper()
+	ctx := context.Background()
+	if err := e.Client.Create(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Client.Delete(context.Background(), n) })
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
+	if err := e.Client.Status().Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // Kubectl runs the machine's kubectl against this control plane.

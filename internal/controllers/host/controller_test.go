@@ -397,8 +397,10 @@ func TestStaleClaimReleased(t *testing.T) {
 	}
 }
 
+// A Node with the host's InternalIP but nothing tying it to the host (its
+// providerID, kpssh's host label) does not make the kubelet ours.
 func TestForeignKubeletParkedUntouched(t *testing.T) {
-	w := newWorld(t, nil, newHost("h1"))
+	w := newWorld(t, nil, newHost("h1"), node("someone-elses", "10.0.0.11"))
 	w.prober.results = []probe.Result{facts(true)}
 	before := testutil.ToFloat64(zombieActions.WithLabelValues(ActionParkedForeign))
 	w.reconcile(t, "h1")
@@ -417,11 +419,23 @@ func TestForeignKubeletParkedUntouched(t *testing.T) {
 	if w.leaver.calls != 0 {
 		t.Fatal("leave ran on a foreign host")
 	}
+	if err := w.c.Get(context.Background(), client.ObjectKey{Name: "someone-elses"}, &corev1.Node{}); err != nil {
+		t.Fatalf("a Node with the host's InternalIP was deleted: %v", err)
+	}
 }
 
+// node is a Node with an InternalIP and nothing else: tied to no host.
 func node(name, ip string) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}}}
+}
+
+// ownNode is the Node h1's kubelet registered in Static mode: its
+// providerID ties it to the host.
+func ownNode(name string) *corev1.Node {
+	n := node(name, "10.0.0.11")
+	n.Spec.ProviderID = "kpssh://" + ns + "/h1"
+	return n
 }
 
 func TestZombieOursLeavesThenDeletesNode(t *testing.T) {
@@ -430,14 +444,15 @@ func TestZombieOursLeavesThenDeletesNode(t *testing.T) {
 		marker string
 		node   bool
 	}{
-		{"node matches, no marker", "", true},
+		{"node tied, no marker", "", true},
 		{"marker, no node", "tls-bootstrap@1", false},
 		{"both", "tls-bootstrap@1", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := []client.Object{newHost("h1", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = tc.marker })}
 			if tc.node {
-				objs = append(objs, node("zombie", "10.0.0.11"), node("other", "10.0.0.99"))
+				// other has the host's InternalIP, and nothing else of it.
+				objs = append(objs, ownNode("zombie"), node("other", "10.0.0.11"))
 			}
 			w := newWorld(t, nil, objs...)
 			w.prober.results = []probe.Result{facts(true), facts(false)}
@@ -484,7 +499,7 @@ func TestZombieNodeRegisteredDuringLeaveIsDeleted(t *testing.T) {
 	w := newWorld(t, nil, newHost("h1", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "tls-bootstrap@1" }))
 	w.prober.results = []probe.Result{facts(true), facts(false)}
 	w.leaver.onRun = func() {
-		if err := w.c.Create(context.Background(), node("late", "10.0.0.11")); err != nil {
+		if err := w.c.Create(context.Background(), ownNode("late")); err != nil {
 			t.Error(err)
 		}
 	}
@@ -511,7 +526,7 @@ func TestZombieLeaveFailureKeepsNodeAndRetries(t *testing.T) {
 		{"leave exits 0 but kubelet runs", nil, true, "kubelet is still active"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t, nil, newHost("h1"), node("zombie", "10.0.0.11"))
+			w := newWorld(t, nil, newHost("h1"), ownNode("zombie"))
 			w.prober.results = []probe.Result{facts(true), facts(tc.after)}
 			w.leaver.err = tc.leave
 			before := testutil.ToFloat64(zombieActions.WithLabelValues(ActionLeaveFailed))

@@ -32,7 +32,7 @@ func zombieKubelet(h *v1beta1.SSHHost) events.Event {
 
 func zombieLeft(h *v1beta1.SSHHost) events.Event {
 	return events.Event{InvolvedObject: h, Type: corev1.EventTypeNormal, Reason: ReasonZombieLeft,
-		Message: "zombie kubelet stopped and its Node deleted; host is back in the pool", DedupeValues: []string{string(h.UID)}}
+		Message: "zombie kubelet stopped and the Node tied to the host, if any, deleted; host is back in the pool", DedupeValues: []string{string(h.UID)}}
 }
 
 func zombieLeaveFailed(h *v1beta1.SSHHost, err error) events.Event {
@@ -42,6 +42,6 @@ func zombieLeaveFailed(h *v1beta1.SSHHost, err error) events.Event {
 
 func foreignKubelet(h *v1beta1.SSHHost) events.Event {
 	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonForeignKubelet,
-		Message:      "a kubelet not started by kpssh runs on this host (no matching Node, no install marker); parked Unhealthy, nothing touched",
+		Message:      "a kubelet not started by kpssh runs on this host (no Node tied to it, no install marker); parked Unhealthy, nothing touched",
 		DedupeValues: []string{string(h.UID)}}
 }

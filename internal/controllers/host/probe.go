@@ -57,9 +57,11 @@ func (c *Controller) probe(ctx context.Context, h *v1beta1.SSHHost) (reconcile.R
 	if h.CurrentState() == v1beta1.HostLeaving {
 		// A zombie leave that stopped the kubelet but crashed before deleting
 		// the Node: finish it.
-		if _, err := leave.DeleteNode(ctx, c.Client, h); err != nil {
+		_, m, err := leave.DeleteNode(ctx, c.Client, h, zombieSince(h))
+		if err != nil {
 			return reconcile.Result{}, true, err
 		}
+		c.reportAmbiguous(ctx, h, m)
 	}
 	return reconcile.Result{RequeueAfter: c.Interval}, true, c.probeSucceeded(ctx, h, creds, res, "")
 }

@@ -31,12 +31,14 @@ func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &env)) }
 
 // startController runs the host controller in a manager against the real
 // apiserver with a short probe interval, in its own namespace.
-func startController(t *testing.T, ns string, interval time.Duration) {
+func startController(t *testing.T, ns string, interval time.Duration, opts ...func(*host.Controller)) {
 	t.Helper()
-	t.Cleanup(startControllerB(t, ns, interval))
+	t.Cleanup(startControllerB(t, ns, interval, opts...))
 }
 
-func startControllerB(t testing.TB, ns string, interval time.Duration) (stop func()) {
+// opts adjust the controller before it is registered (fake probers and
+// leavers for tests without hosts).
+func startControllerB(t testing.TB, ns string, interval time.Duration, opts ...func(*host.Controller)) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr, err := manager.New(env.Config, manager.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
@@ -46,6 +48,9 @@ func startControllerB(t testing.TB, ns string, interval time.Duration) (stop fun
 	c := host.New(mgr.GetClient(), events.NewRecorder(mgr.GetEventRecorderFor("kpssh")), ns)
 	c.Interval = interval
 	c.Timeout = 10 * time.Second
+	for _, o := range opts {
+		o(c)
+	}
 	if err := c.Register(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -360,8 +365,10 @@ func TestHostControllerAgainstRealHosts(t *testing.T) {
 		if err := env.Client.Create(ctx, profile); err != nil {
 			t.Fatal(err)
 		}
-		// A finalizer of the test holds the Node so its deletion can be observed.
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "zombie-" + hh.Name, Finalizers: []string{"kpssh.test/observe"}}}
+		// A finalizer of the test holds the Node so its deletion can be
+		// observed. Its Static providerID ties it to the host.
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "zombie-" + hh.Name, Finalizers: []string{"kpssh.test/observe"}},
+			Spec: corev1.NodeSpec{ProviderID: "kpssh://" + ns + "/" + hh.Name}}
 		if err := env.Client.Create(ctx, node); err != nil {
 			t.Fatal(err)
 		}

@@ -3,9 +3,8 @@ package host
 import (
 	"context"
 	"errors"
-	"net/netip"
 	"slices"
-	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,6 +17,7 @@ import (
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/providers/leave"
 	"github.com/dklesev/kpssh/internal/providers/token"
 )
 
@@ -87,69 +87,21 @@ func (c *Controller) collectToken(ctx context.Context, h *v1beta1.SSHHost) (reco
 }
 
 // registeredNode returns the Node the kubelet of h registered for the claim
-// nc, or nil. It lists the informer cache: only hosts with a token in
-// flight (a handful) get here.
+// nc, or nil: one tied to h (leave.Tied: its providerID, or kpssh's host
+// label — never its address alone) and active since the claim. It lists
+// the informer cache: only hosts with a token in flight (a handful) get
+// here.
 func (c *Controller) registeredNode(ctx context.Context, h *v1beta1.SSHHost, nc *karpv1.NodeClaim) (*corev1.Node, error) {
 	nodes := &corev1.NodeList{}
 	if err := c.Client.List(ctx, nodes); err != nil {
 		return nil, err
 	}
 	for i := range nodes.Items {
-		if n := &nodes.Items[i]; nodeOfHost(h, n) && activeSince(n, nc.CreationTimestamp) {
+		if n := &nodes.Items[i]; leave.Tied(h, n, nc.CreationTimestamp.Time) && activeSince(n, nc.CreationTimestamp) {
 			return n, nil
 		}
 	}
 	return nil, nil
-}
-
-// nodeOfHost reports whether n is h's kubelet's Node: by providerID (the one
-// recorded on the host, or its Static one, known before the join records
-// it), else — Adopt mode, or no providerID yet — by an InternalIP equal to
-// the host's node address. A Node carrying another identity than the one
-// the host has recorded (another kpssh host, another adopted providerID) is
-// not h's, whatever its IP.
-func nodeOfHost(h *v1beta1.SSHHost, n *corev1.Node) bool {
-	pid := n.Spec.ProviderID
-	if pid != "" {
-		if pid == h.Status.ProviderID || pid == staticProviderID(h) {
-			return true
-		}
-		if h.Status.ProviderID != "" || strings.HasPrefix(pid, v1beta1.ProviderIDScheme+"://") {
-			return false
-		}
-	}
-	want := nodeIP(h)
-	for _, a := range n.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP && sameIP(a.Address, want) {
-			return true
-		}
-	}
-	return false
-}
-
-// staticProviderID is cloudprovider.ProviderID (kpssh://<namespace>/<host>),
-// spelled out here so the host controller does not import the cloud
-// provider; tokengc_test pins the format.
-func staticProviderID(h *v1beta1.SSHHost) string {
-	return v1beta1.ProviderIDScheme + "://" + h.Namespace + "/" + h.Name
-}
-
-func nodeIP(h *v1beta1.SSHHost) string {
-	if h.Spec.NodeAddress != "" {
-		return h.Spec.NodeAddress
-	}
-	return h.Spec.Address
-}
-
-// sameIP compares addresses as IPs (2001:db8::1 == 2001:DB8:0::1), and
-// anything unparsable (a DNS name in spec.address) as text.
-func sameIP(a, b string) bool {
-	x, errA := netip.ParseAddr(a)
-	y, errB := netip.ParseAddr(b)
-	if errA != nil || errB != nil {
-		return a == b
-	}
-	return x.Unmap() == y.Unmap()
 }
 
 // activeSince reports whether a kubelet has been at n since the claim
@@ -189,7 +141,8 @@ func (c *Controller) hostsOfNode(ctx context.Context, o client.Object) []reconci
 	}
 	var out []reconcile.Request
 	for i := range list.Items {
-		if h := &list.Items[i]; h.Status.BootstrapTokenID != "" && nodeOfHost(h, n) {
+		// Any claim time: the reconcile checks the one of the host's claim.
+		if h := &list.Items[i]; h.Status.BootstrapTokenID != "" && leave.Tied(h, n, time.Time{}) {
 			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(h)})
 		}
 	}

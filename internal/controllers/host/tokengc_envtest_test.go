@@ -93,7 +93,7 @@ func TestTokenGCAgainstAPIServer(t *testing.T) {
 	// collected the pass has run and the Node cache is synced: whatever is
 	// collected after is the Node watch's doing.
 	early, earlyTok := claimedHost("gc-early", "10.77.0.4")
-	n := mkNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gc-early"}})
+	n := mkNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gc-early", Labels: map[string]string{v1beta1.LabelHost: v1beta1.HostLabelValue(ns, early.Name)}}})
 	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.77.0.4"}}
 	if err := env.Client.Status().Update(ctx, n); err != nil {
 		t.Fatal(err)
@@ -109,8 +109,9 @@ func TestTokenGCAgainstAPIServer(t *testing.T) {
 		}
 	})
 
-	t.Run("Adopt: the Node gets the host's InternalIP after it is created", func(t *testing.T) {
-		n := mkNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mi-0123456789abcdef0"}, Spec: corev1.NodeSpec{ProviderID: "eks-hybrid:///us-west-2/c1/mi-0123456789abcdef0"}})
+	t.Run("Adopt: the Node (with the host label) gets the host's InternalIP after it is created", func(t *testing.T) {
+		n := mkNode(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mi-0123456789abcdef0", Labels: map[string]string{v1beta1.LabelHost: v1beta1.HostLabelValue(ns, adopt.Name)}},
+			Spec: corev1.NodeSpec{ProviderID: "eks-hybrid:///us-west-2/c1/mi-0123456789abcdef0"}})
 		// Without an address the Node cannot be matched yet.
 		if gone, id := tokenState(adopt, adoptTok); gone || id == "" {
 			t.Fatalf("collected before the Node could be matched: gone=%v id=%q", gone, id)

@@ -44,6 +44,13 @@ func withProviderID(id string) func(*corev1.Node) {
 	return func(n *corev1.Node) { n.Spec.ProviderID = id }
 }
 
+// withHostLabel is the label kpssh gives an Adopt join of host.
+func withHostLabel(host string) func(*corev1.Node) {
+	return func(n *corev1.Node) {
+		n.Labels = map[string]string{v1beta1.LabelHost: v1beta1.HostLabelValue(ns, host)}
+	}
+}
+
 func withAddr(typ corev1.NodeAddressType, ip string) func(*corev1.Node) {
 	return func(n *corev1.Node) {
 		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: typ, Address: ip})
@@ -92,18 +99,29 @@ func TestTokenGC(t *testing.T) {
 			[]client.Object{mkNode("h1", withProviderID("kpssh://kpssh-system/h1"), withAddr(corev1.NodeInternalIP, "10.9.9.9"))}, true},
 		{"node by Static providerID before the join recorded it", joining,
 			[]client.Object{mkNode("h1", withProviderID("kpssh://kpssh-system/h1"))}, true},
-		{"Adopt: node by InternalIP equal to nodeAddress", func(h *v1beta1.SSHHost) {
+		{"Adopt: node by host label and InternalIP equal to nodeAddress", func(h *v1beta1.SSHHost) {
 			joining(h)
 			h.Spec.NodeAddress = "192.168.50.7"
-		}, []client.Object{mkNode("mi-0123", withProviderID("eks-hybrid:///us-west-2/c1/mi-0123"), withAddr(corev1.NodeInternalIP, "192.168.50.7"))}, true},
-		{"node by InternalIP equal to address (no nodeAddress)", joining,
-			[]client.Object{mkNode("h1", withAddr(corev1.NodeExternalIP, "203.0.113.1"), withAddr(corev1.NodeInternalIP, "10.0.0.11"))}, true},
+		}, []client.Object{mkNode("mi-0123", withProviderID("eks-hybrid:///us-west-2/c1/mi-0123"), withHostLabel("h1"), withAddr(corev1.NodeInternalIP, "192.168.50.7"))}, true},
+		{"node by host label and InternalIP equal to address (no nodeAddress)", joining,
+			[]client.Object{mkNode("h1", withHostLabel("h1"), withAddr(corev1.NodeExternalIP, "203.0.113.1"), withAddr(corev1.NodeInternalIP, "10.0.0.11"))}, true},
 		{"IPv6 spelled differently", func(h *v1beta1.SSHHost) {
 			joining(h)
 			h.Spec.NodeAddress = "2001:db8::7"
-		}, []client.Object{mkNode("h1", withAddr(corev1.NodeInternalIP, "2001:DB8:0:0::7"))}, true},
+		}, []client.Object{mkNode("h1", withHostLabel("h1"), withAddr(corev1.NodeInternalIP, "2001:DB8:0:0::7"))}, true},
 		{"only an ExternalIP matches", joining,
-			[]client.Object{mkNode("h1", withAddr(corev1.NodeExternalIP, "10.0.0.11"), withAddr(corev1.NodeInternalIP, "10.9.9.9"))}, false},
+			[]client.Object{mkNode("h1", withHostLabel("h1"), withAddr(corev1.NodeExternalIP, "10.0.0.11"), withAddr(corev1.NodeInternalIP, "10.9.9.9"))}, false},
+		{"InternalIP alone (no providerID of the host, no host label) ties nothing", func(h *v1beta1.SSHHost) {
+			joining(h)
+			h.Spec.NodeAddress = "192.168.50.7"
+		}, []client.Object{mkNode("mi-0123", withProviderID("eks-hybrid:///us-west-2/c1/mi-0123"), withAddr(corev1.NodeInternalIP, "192.168.50.7"))}, false},
+		{"another host's label with the same IP", joining,
+			[]client.Object{mkNode("mi-0123", withHostLabel("h2"), withAddr(corev1.NodeInternalIP, "10.0.0.11"))}, false},
+		{"host label on a Node older than the claim", joining,
+			[]client.Object{mkNode("mi-0123", withHostLabel("h1"), withAddr(corev1.NodeInternalIP, "10.0.0.11"), func(n *corev1.Node) {
+				n.CreationTimestamp = beforeIt
+				n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: afterIt}}
+			})}, false},
 		{"another kpssh host's node with the same IP", joining,
 			[]client.Object{mkNode("h2", withProviderID("kpssh://kpssh-system/h2"), withAddr(corev1.NodeInternalIP, "10.0.0.11"))}, false},
 		{"another adopted identity than the recorded one", func(h *v1beta1.SSHHost) {
@@ -327,7 +345,8 @@ func TestHostsOfNode(t *testing.T) {
 		node *corev1.Node
 		want []string
 	}{
-		{"by InternalIP", mkNode("n", withAddr(corev1.NodeInternalIP, "10.0.0.11")), []string{"a"}},
+		{"by host label and InternalIP", mkNode("n", withHostLabel("a"), withAddr(corev1.NodeInternalIP, "10.0.0.11")), []string{"a"}},
+		{"by InternalIP alone: nobody", mkNode("n", withAddr(corev1.NodeInternalIP, "10.0.0.11")), nil},
 		{"by Static providerID", mkNode("n", withProviderID("kpssh://kpssh-system/b")), []string{"b"}},
 		{"another pool's host", mkNode("n", withProviderID("kpssh://elsewhere/d")), nil},
 		{"unrelated", mkNode("n", withAddr(corev1.NodeInternalIP, "10.0.0.99")), nil},
@@ -370,13 +389,5 @@ func TestNodeRegistrationPredicate(t *testing.T) {
 		if tc.got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, tc.got, tc.want)
 		}
-	}
-}
-
-// The Static providerID the GC matches must be the cloud provider's
-// (kpssh://<namespace>/<host>, the seed's scheme).
-func TestStaticProviderIDFormat(t *testing.T) {
-	if got := staticProviderID(newHost("bm-07")); got != "kpssh://kpssh-system/bm-07" {
-		t.Fatalf("got %q", got)
 	}
 }

@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,20 +17,27 @@ import (
 )
 
 // zombie is the seed's flowchart for a kubelet active on an unclaimed host.
-// Not ours (no matching Node and no install marker) → park Unhealthy and
-// touch nothing. Ours → CAS to Leaving first (fences a racing claim, which
-// only takes Available hosts), run leave, check the kubelet is really
-// stopped, and only then delete the Node — or it simply re-registers.
+// Not ours (no Node tied to the host and no install marker) → park
+// Unhealthy and touch nothing. Ours → CAS to Leaving first (fences a racing
+// claim, which only takes Available hosts), run leave, check the kubelet is
+// really stopped, and only then delete the Node tied to the host — or it
+// simply re-registers. A Node is tied by identity (leave.Tied), never by
+// the node address alone; several tied Nodes are none, and an event says so.
 func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostkey.Credentials, res probe.Result) (reconcile.Result, bool, error) {
-	node, err := leave.MatchingNode(ctx, c.Client, h)
+	m, err := leave.MatchingNode(ctx, c.Client, h, zombieSince(h))
 	if err != nil {
 		return reconcile.Result{}, true, err
 	}
+	c.reportAmbiguous(ctx, h, m)
+	node := m.Node
 	now := metav1.NewTime(c.Clock.Now())
 	if node == nil && h.Status.InstalledProfile == "" {
 		orig := h.DeepCopy()
 		recordProbe(h, creds, res, now)
-		h.Status.LastProbeError = "foreign kubelet active: no Node matches the host and it has no install marker"
+		h.Status.LastProbeError = "foreign kubelet active: no Node is tied to the host (by providerID or host label) and it has no install marker"
+		if e := m.Err(h); e != nil {
+			h.Status.LastProbeError = "foreign kubelet active: no install marker, and " + e.Error()
+		}
 		setState(h, v1beta1.HostUnhealthy, h.Status.LastProbeError, now)
 		first := orig.Status.LastProbeError != h.Status.LastProbeError
 		if err := patchStatus(ctx, c.Client, orig, h); err != nil {
@@ -64,9 +72,11 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 		// Look the Node up again now that the kubelet is stopped: one that
 		// came back with its host (power restored) may have registered while
 		// leave ran, after the lookup above.
-		if _, err := leave.DeleteNode(ctx, c.Client, h); err != nil {
+		_, m, err := leave.DeleteNode(ctx, c.Client, h, zombieSince(h))
+		if err != nil {
 			leaveErr = fmt.Errorf("delete node: %w", err)
 		}
+		c.reportAmbiguous(ctx, h, m)
 	}
 	if leaveErr != nil {
 		orig := h.DeepCopy()
@@ -88,4 +98,18 @@ func nodeName(n *corev1.Node) string {
 		return ""
 	}
 	return n.Name
+}
+
+// zombieSince bounds the Nodes an unclaimed host's host label can tie: it
+// has no claim, so none older than the host object (a host deleted and
+// created again under the same name does not inherit its predecessor's).
+func zombieSince(h *v1beta1.SSHHost) time.Time { return h.CreationTimestamp.Time }
+
+// reportAmbiguous logs and publishes a match of several Nodes (the
+// recorder dedupes the event).
+func (c *Controller) reportAmbiguous(ctx context.Context, h *v1beta1.SSHHost, m leave.Match) {
+	if err := m.Err(h); err != nil {
+		log.FromContext(ctx).Info("several Nodes are tied to the host: none is taken as its Node", "nodes", m.Several)
+		c.Recorder.Publish(leave.AmbiguousNodes(h, m))
+	}
 }
