@@ -184,7 +184,7 @@ func checkJobSpec(t *testing.T, job *batchv1.Job, req engine.Request, o Options)
 		{"no privilege escalation", c.SecurityContext != nil && c.SecurityContext.AllowPrivilegeEscalation != nil && !*c.SecurityContext.AllowPrivilegeEscalation},
 		{"capabilities drop ALL", c.SecurityContext.Capabilities != nil && len(c.SecurityContext.Capabilities.Drop) == 1 && c.SecurityContext.Capabilities.Drop[0] == "ALL"},
 		{"read-only root", ptr.Deref(c.SecurityContext.ReadOnlyRootFilesystem, false)},
-		{"phase-run command", strings.Join(c.Command, " ") == "/usr/bin/tini -- /usr/local/bin/controller phase-run --input /var/run/kpssh/input/request.json"},
+		{"phase-run command with the inputs digest", strings.Join(c.Command, " ") == "/usr/bin/tini -- /usr/local/bin/controller phase-run --input /var/run/kpssh/input/request.json --input-sha256 "+job.Annotations[AnnotationInputs]},
 		{"termination message file", c.TerminationMessagePath == TerminationLog && c.TerminationMessagePolicy == corev1.TerminationMessageReadFile},
 		{"image", c.Image == o.Image},
 		{"memory limit", c.Resources.Limits.Memory().String() == o.MemoryLimit},
@@ -420,5 +420,124 @@ func TestSecretRefused(t *testing.T) {
 	err := inner.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: JobName(req.Phase, req.Key)}, &batchv1.Job{})
 	if !apierrors.IsNotFound(err) {
 		t.Errorf("Job without inputs left: %v", err)
+	}
+}
+
+// A Secret of the inputs' name that is not the run's own is refused before
+// a Job exists, and left alone; one left by an earlier Job of the name (its
+// owner gone) is garbage and replaced.
+func TestExistingInputsSecret(t *testing.T) {
+	req := request()
+	name := JobName(req.Phase, req.Key)
+	secret := func(owner *metav1.OwnerReference) *corev1.Secret {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Data: map[string][]byte{InputKey: []byte("{}")}}
+		if owner != nil {
+			s.OwnerReferences = []metav1.OwnerReference{*owner}
+		}
+		return s
+	}
+	jobRef := func(uid types.UID) *metav1.OwnerReference {
+		return &metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: name, UID: uid, Controller: ptr.To(true)}
+	}
+	for _, c := range []struct {
+		name  string
+		owner *metav1.OwnerReference
+		msg   string
+	}{
+		{"no owner", nil, "(controller: no controller; expected: Job " + name + ")"},
+		{"another controller", &metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: "x", UID: "cm-1", Controller: ptr.To(true)},
+			"(controller: ConfigMap x, uid cm-1; expected: Job " + name + ")"},
+		{"a Job of another name", &metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: "other", UID: "job-9", Controller: ptr.To(true)},
+			"controller: Job other, uid job-9"},
+	} {
+		t.Run("refused: "+c.name, func(t *testing.T) {
+			fc := newFake(t)
+			planted := secret(c.owner)
+			if err := fc.Create(context.Background(), planted); err != nil {
+				t.Fatal(err)
+			}
+			res := newExec(t, fc).Run(context.Background(), req)
+			if res.Outcome != engine.ConfigError || res.Touched || !strings.Contains(res.Message, "inputs Secret "+ns+"/"+name+" already exists and was not created for this run") ||
+				!strings.Contains(res.Message, c.msg) {
+				t.Fatalf("result %+v", res)
+			}
+			if n := fc.jobCreates.Load(); n != 0 {
+				t.Errorf("%d Jobs created", n)
+			}
+			cur := &corev1.Secret{}
+			if err := fc.Get(context.Background(), client.ObjectKeyFromObject(planted), cur); err != nil || cur.UID != planted.UID {
+				t.Errorf("the planted Secret was touched: %v", err)
+			}
+		})
+	}
+	t.Run("leftover of an earlier Job", func(t *testing.T) {
+		fc := newFake(t)
+		old := secret(jobRef("job-gone"))
+		if err := fc.Create(context.Background(), old); err != nil {
+			t.Fatal(err)
+		}
+		ch := runAsync(context.Background(), newExec(t, fc), req)
+		job := getJob(t, fc, name)
+		deadline := time.Now().Add(time.Minute)
+		for {
+			cur := &corev1.Secret{}
+			err := fc.Get(context.Background(), client.ObjectKeyFromObject(old), cur)
+			if err == nil && cur.UID != old.UID {
+				if ref := metav1.GetControllerOf(cur); ref == nil || ref.UID != job.UID {
+					t.Fatalf("new Secret's controller %+v", ref)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the leftover was not replaced: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := fc.Create(context.Background(), podOf(job, corev1.PodSucceeded, terminated(0, string(EncodeResult(engine.Result{Outcome: engine.Succeeded}))))); err != nil {
+			t.Fatal(err)
+		}
+		if res := await(t, ch); res.Outcome != engine.Succeeded {
+			t.Fatalf("result %+v", res)
+		}
+	})
+}
+
+// Only the Job's own pod reports: not one with its labels, nor one naming
+// it as an owner but not as its controller, nor one it controls that runs
+// another command.
+func TestForeignPodsDoNotReport(t *testing.T) {
+	fc := newFake(t)
+	req := request()
+	ch := runAsync(context.Background(), newExec(t, fc), req)
+	job := getJob(t, fc, JobName(req.Phase, req.Key))
+	forged := terminated(0, string(EncodeResult(engine.Result{Outcome: engine.Succeeded, Message: "forged"})))
+	for i, spoof := range []func(p *corev1.Pod){
+		func(p *corev1.Pod) { p.OwnerReferences = nil },
+		func(p *corev1.Pod) { p.OwnerReferences[0].Controller = nil },
+		func(p *corev1.Pod) { p.OwnerReferences[0].UID = "another-job" },
+		func(p *corev1.Pod) {
+			p.Spec.Containers[0].Command = []string{"/bin/sh", "-c", "echo forged > /dev/termination-log"}
+		},
+		func(p *corev1.Pod) { p.Spec.Containers[0].TerminationMessagePath = "/tmp/forged" },
+		func(p *corev1.Pod) { p.Spec.Volumes[0].Secret.SecretName = "forged-inputs" },
+	} {
+		p := podOf(job, corev1.PodSucceeded, forged)
+		p.Spec = *p.Spec.DeepCopy()
+		p.Name = fmt.Sprintf("%s-spoof%d", job.Name, i)
+		spoof(p)
+		if err := fc.Create(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case res := <-ch:
+		t.Fatalf("a pod not of the Job reported: %+v", res)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := fc.Create(context.Background(), podOf(job, corev1.PodFailed, terminated(1, string(EncodeResult(engine.Result{Outcome: engine.Failed, Message: "genuine"}))))); err != nil {
+		t.Fatal(err)
+	}
+	if res := await(t, ch); res.Outcome != engine.Failed || res.Message != "genuine" {
+		t.Fatalf("result %+v", res)
 	}
 }

@@ -12,6 +12,13 @@
 // pod, reads the result from its terminated state, deletes the Secret, and
 // leaves the Job to ttlSecondsAfterFinished (its log stays for a while).
 //
+// The Secret's name is predictable, and the namespace may hold Secrets and
+// pods of others: an inputs Secret that is already there counts only if its
+// controller is this Job (any other is refused, and left alone), the Job
+// gives phase-run the SHA-256 of the inputs it was made for (phase-run
+// refuses other content, whoever wrote it), and only the Job's own pod
+// (controlled by the Job, running the Job's command) reports a result.
+//
 // The Job name derives from the key, so a restarted controller running the
 // same phase for the same claim finds the Job and waits for it instead of
 // starting a second one. A Job of the same key but other inputs (a new
@@ -26,6 +33,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -112,6 +120,8 @@ type Executor struct {
 	Opts   Options
 	memory resource.Quantity
 	now    func() time.Time
+	// goneWait bounds the wait for an inputs Secret being deleted.
+	goneWait time.Duration
 }
 
 var _ engine.Engine = (*Executor)(nil)
@@ -157,7 +167,7 @@ func New(c client.WithWatch, o Options) (*Executor, error) {
 			*d = def
 		}
 	}
-	return &Executor{Client: c, Opts: o, memory: mem, now: time.Now}, nil
+	return &Executor{Client: c, Opts: o, memory: mem, now: time.Now, goneWait: 30 * time.Second}, nil
 }
 
 // JobName is the Job (and inputs Secret) name of a run: the phase and a hash
@@ -239,17 +249,24 @@ func (e *Executor) run(ctx context.Context, req engine.Request) engine.Result {
 		if ctx.Err() != nil {
 			return canceled(ctx, name)
 		}
+		if fe := (*ForeignSecretError)(nil); errors.As(err, &fe) {
+			return configError("executor job: %v", fe)
+		}
 		return apiFailure("starting Job "+name, err)
 	}
 	// A Job re-attached to after it finished needs no inputs again.
+	var secret types.UID
 	if !finished(job) {
-		if err := e.ensureSecret(ctx, job, input); err != nil {
+		if secret, err = e.ensureSecret(ctx, job, input); err != nil {
 			if ctx.Err() != nil {
 				return canceled(ctx, name)
 			}
 			// A Job without inputs would only wait for its volume until
-			// the deadline.
+			// the deadline; one with another's inputs must not run.
 			e.abandon(ctx, job)
+			if fe := (*ForeignSecretError)(nil); errors.As(err, &fe) {
+				return configError("executor job: %v", fe)
+			}
 			return apiFailure("creating the inputs Secret of Job "+name, err)
 		}
 	}
@@ -258,7 +275,7 @@ func (e *Executor) run(ctx context.Context, req engine.Request) engine.Result {
 		// The inputs are no longer needed once the pod ended: delete them
 		// now rather than with the Job at its TTL.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		_ = e.deleteSecret(dctx, job)
+		_ = e.deleteSecret(dctx, job, secret)
 		cancel()
 	}
 	return res
@@ -278,6 +295,11 @@ func (e *Executor) ensureJob(ctx context.Context, name string, req engine.Reques
 		err := e.Client.Get(ctx, key, job)
 		switch {
 		case apierrors.IsNotFound(err):
+			// A Secret of the inputs' name before there is a Job: refused
+			// before anything can mount it (ensureSecret checks again).
+			if _, err := e.checkSecret(ctx, name, ""); err != nil {
+				return nil, err
+			}
 			job = e.jobFor(name, req, digest)
 			if err := e.Client.Create(ctx, job); err != nil {
 				if apierrors.IsAlreadyExists(err) && attempt < 3 {
@@ -330,14 +352,106 @@ func (e *Executor) removeStale(ctx context.Context, job *batchv1.Job) error {
 	}
 }
 
-func (e *Executor) ensureSecret(ctx context.Context, job *batchv1.Job, input []byte) error {
-	err := e.Client.Create(ctx, secretFor(job, input))
-	if apierrors.IsAlreadyExists(err) {
-		// Re-attached: the Secret of this Job was made before (its name
-		// follows the Job's, the inputs are the same by the digest).
-		return nil
+// ensureSecret creates job's inputs Secret, or finds the one this Job was
+// given before (re-attached after a restart), and returns its UID.
+func (e *Executor) ensureSecret(ctx context.Context, job *batchv1.Job, input []byte) (types.UID, error) {
+	for attempt := 0; ; attempt++ {
+		s := secretFor(job, input)
+		err := e.Client.Create(ctx, s)
+		if err == nil {
+			return s.UID, nil
+		}
+		if !apierrors.IsAlreadyExists(err) || attempt >= 3 {
+			return "", err
+		}
+		// The name is taken: by this Job's Secret (its content is the
+		// same: the Job's digest says so, and the pod checks it), a
+		// leftover of an earlier Job of this name, or someone else's.
+		uid, err := e.checkSecret(ctx, job.Name, job.UID)
+		if err != nil || uid != "" {
+			return uid, err
+		}
 	}
-	return err
+}
+
+// ForeignSecretError: the inputs Secret's name is taken by a Secret that was
+// not created for this run. Its content would decide what the phase runs and
+// what it reports, so the run is refused; that Secret is not deleted.
+type ForeignSecretError struct {
+	Namespace, Name string
+	// Owner describes the Secret's controller ("no controller", or kind,
+	// name and UID).
+	Owner string
+	// Job is the UID of the Job it should belong to, empty before the Job
+	// was created.
+	Job types.UID
+}
+
+func (e *ForeignSecretError) Error() string {
+	want := "Job " + e.Name
+	if e.Job != "" {
+		want += ", uid " + string(e.Job)
+	}
+	return fmt.Sprintf("inputs Secret %s/%s already exists and was not created for this run (controller: %s; expected: %s): "+
+		"the phase does not run on inputs the controller did not write; that Secret is left alone: find out who created it "+
+		"(anyone who can create Secrets in %s can), then delete it", e.Namespace, e.Name, e.Owner, want, e.Namespace)
+}
+
+// checkSecret looks at the Secret named name in the Job namespace, for the
+// Job of that name with UID job (empty: no Job exists yet). It returns the
+// Secret's UID when the Job controls it (made for it before), "" when there
+// is no Secret (any more). A leftover of an earlier Job of this name — its
+// only owner that Job, now gone: garbage the garbage collector would delete
+// — is deleted; a Secret being deleted is waited for; any other Secret is a
+// ForeignSecretError. Only the Secret's metadata is read.
+func (e *Executor) checkSecret(ctx context.Context, name string, job types.UID) (types.UID, error) {
+	deadline := e.now().Add(e.goneWait)
+	for {
+		m := &metav1.PartialObjectMetadata{}
+		m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+		err := e.Client.Get(ctx, client.ObjectKey{Namespace: e.Opts.Namespace, Name: name}, m)
+		if apierrors.IsNotFound(err) {
+			return "", nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("reading the owner of the existing inputs Secret %s/%s: %w", e.Opts.Namespace, name, err)
+		}
+		ref := metav1.GetControllerOfNoCopy(m)
+		isJob := ref != nil && ref.APIVersion == "batch/v1" && ref.Kind == "Job" && ref.Name == name
+		switch {
+		case isJob && job != "" && ref.UID == job:
+			return m.UID, nil
+		case m.DeletionTimestamp != nil:
+			if e.now().After(deadline) {
+				return "", fmt.Errorf("inputs Secret %s/%s is still being deleted after %s", e.Opts.Namespace, name, e.goneWait)
+			}
+			if err := sleep(ctx, min(time.Second, e.Opts.PollInterval)); err != nil {
+				return "", err
+			}
+		case isJob && len(m.OwnerReferences) == 1:
+			// Its owner is a Job of this name: gone unless that Job is
+			// there (a concurrent run of the same key made both).
+			cur := &batchv1.Job{}
+			err := e.Client.Get(ctx, client.ObjectKey{Namespace: e.Opts.Namespace, Name: name}, cur)
+			if err == nil && cur.UID == ref.UID {
+				return "", nil
+			}
+			if err != nil && !apierrors.IsNotFound(err) {
+				return "", err
+			}
+			uid := m.UID
+			err = e.Client.Delete(ctx, m, client.Preconditions{UID: &uid})
+			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				return "", fmt.Errorf("deleting the inputs Secret %s/%s of an earlier Job: %w", e.Opts.Namespace, name, err)
+			}
+		default:
+			owner := "no controller"
+			if ref != nil {
+				owner = fmt.Sprintf("%s %s, uid %s", ref.Kind, ref.Name, ref.UID)
+			}
+			return "", &ForeignSecretError{Namespace: e.Opts.Namespace, Name: name, Owner: owner, Job: job}
+		}
+	}
 }
 
 // secretFor is the inputs Secret of job, owned by it.
@@ -355,9 +469,18 @@ func secretFor(job *batchv1.Job, input []byte) *corev1.Secret {
 	}
 }
 
-func (e *Executor) deleteSecret(ctx context.Context, job *batchv1.Job) error {
+// deleteSecret deletes job's inputs Secret: the one of UID uid, or (uid
+// empty: a Job re-attached to after it finished) the one the Job controls.
+// A Secret of that name that is not the Job's stays.
+func (e *Executor) deleteSecret(ctx context.Context, job *batchv1.Job, uid types.UID) error {
+	if uid == "" {
+		var err error
+		if uid, err = e.checkSecret(ctx, job.Name, job.UID); err != nil || uid == "" {
+			return err
+		}
+	}
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: job.Name, Namespace: job.Namespace}}
-	if err := e.Client.Delete(ctx, s); err != nil && !apierrors.IsNotFound(err) {
+	if err := e.Client.Delete(ctx, s, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return err
 	}
 	return nil
@@ -374,8 +497,9 @@ func (e *Executor) Render(req engine.Request) (*batchv1.Job, *corev1.Secret, err
 	return job, secretFor(job, input), nil
 }
 
-// digest identifies a run's inputs on its Job (a SHA-256 of the Secret's
-// content: it includes the private key, so it reveals nothing guessable).
+// digest identifies a run's inputs on its Job and in phase-run's command (a
+// SHA-256 of the Secret's content: it includes the private key, so it
+// reveals nothing guessable).
 func digest(input []byte) string {
 	sum := sha256.Sum256(input)
 	return hex.EncodeToString(sum[:])
@@ -426,7 +550,11 @@ func (e *Executor) jobFor(name string, req engine.Request, digest string) *batch
 						Name:            ContainerName,
 						Image:           e.Opts.Image,
 						ImagePullPolicy: pull,
-						Command:         []string{"/usr/bin/tini", "--", "/usr/local/bin/controller", PhaseRunCommand, "--input", InputDir + "/" + InputKey},
+						// The digest: phase-run runs only the inputs this
+						// Job was made for (the Job's spec is the
+						// controller's; the Secret's name anyone may take).
+						Command: []string{"/usr/bin/tini", "--", "/usr/local/bin/controller", PhaseRunCommand,
+							"--input", InputDir + "/" + InputKey, "--" + DigestFlag, digest},
 						Resources: corev1.ResourceRequirements{
 							Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
 							Limits:   corev1.ResourceList{corev1.ResourceMemory: e.memory},
@@ -545,20 +673,46 @@ func (e *Executor) pods(ctx context.Context, job *batchv1.Job) ([]corev1.Pod, st
 	}
 	var out []corev1.Pod
 	for _, p := range l.Items {
-		if owned(&p, job.UID) {
+		if ofJob(&p, job) {
 			out = append(out, p)
 		}
 	}
 	return out, l.ResourceVersion, nil
 }
 
-func owned(p *corev1.Pod, uid types.UID) bool {
-	for _, o := range p.OwnerReferences {
-		if o.UID == uid {
-			return true
+// ofJob: p is a pod the Job controller made for job. Its labels anyone can
+// copy, and an owner reference anyone can write: its controller must be the
+// Job (by UID), and its phase container the Job's (the same command, which
+// names the inputs digest, termination message file and inputs Secret).
+// Others' pods never report for the Job.
+func ofJob(p *corev1.Pod, job *batchv1.Job) bool {
+	ref := metav1.GetControllerOfNoCopy(p)
+	if ref == nil || ref.UID != job.UID || ref.Kind != "Job" {
+		return false
+	}
+	got, want := phaseContainer(p.Spec.Containers), phaseContainer(job.Spec.Template.Spec.Containers)
+	return got != nil && want != nil && slices.Equal(got.Command, want.Command) && slices.Equal(got.Args, want.Args) &&
+		got.TerminationMessagePath == want.TerminationMessagePath && got.TerminationMessagePolicy == want.TerminationMessagePolicy &&
+		inputSecret(p.Spec) == inputSecret(job.Spec.Template.Spec)
+}
+
+func phaseContainer(cs []corev1.Container) *corev1.Container {
+	for i := range cs {
+		if cs[i].Name == ContainerName {
+			return &cs[i]
 		}
 	}
-	return false
+	return nil
+}
+
+// inputSecret is the Secret of a pod's input volume.
+func inputSecret(ps corev1.PodSpec) string {
+	for _, v := range ps.Volumes {
+		if v.Name == "input" && v.Secret != nil {
+			return v.Secret.SecretName
+		}
+	}
+	return ""
 }
 
 // waitEvent blocks until a pod of the Job changes, PollInterval passes, or

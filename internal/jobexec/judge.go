@@ -52,7 +52,7 @@ func judge(job *batchv1.Job, pods []corev1.Pod, now time.Time) state {
 			if err == nil {
 				return state{done: true, res: res, started: true}
 			}
-			s := state{done: true, res: terminatedWithout(t, err), started: true}
+			s := state{done: true, res: terminatedWithout(job, t, err), started: true}
 			noResult = &s
 			continue
 		}
@@ -131,8 +131,8 @@ func timedOut(job *batchv1.Job, why string) engine.Result {
 		Message: fmt.Sprintf("Job %s exceeded its activeDeadlineSeconds (%ds): %s", job.Name, deref(job.Spec.ActiveDeadlineSeconds), why)}
 }
 
-// terminatedWithout maps a container that ended without a result.
-func terminatedWithout(t *corev1.ContainerStateTerminated, perr error) engine.Result {
+// terminatedWithout maps a container of job that ended without a result.
+func terminatedWithout(job *batchv1.Job, t *corev1.ContainerStateTerminated, perr error) engine.Result {
 	msg := strings.TrimSpace(t.Message)
 	switch {
 	case t.Reason == "OOMKilled":
@@ -144,6 +144,10 @@ func terminatedWithout(t *corev1.ContainerStateTerminated, perr error) engine.Re
 	case t.ExitCode == ExitUsage && strings.HasPrefix(msg, "phase-run: "):
 		// The pod refused its input before running anything.
 		return engine.Result{Outcome: engine.ConfigError, ExitCode: -1, Message: msg}
+	case t.ExitCode == ExitInputMismatch && strings.HasPrefix(msg, "phase-run: "):
+		// Someone else's content under the inputs' name: nothing ran.
+		return engine.Result{Outcome: engine.ConfigError, ExitCode: -1,
+			Message: fmt.Sprintf("the phase pod refused the inputs Secret %s/%s, not the one written for Job %s: %s", job.Namespace, job.Name, job.Name, msg)}
 	case t.ExitCode == 127 || t.ExitCode == 126:
 		return engine.Result{Outcome: engine.ConfigError, ExitCode: -1,
 			Message: fmt.Sprintf("the phase container's command is missing (exit %d): the Job image must be the kpssh controller image (it holds `controller %s`)", t.ExitCode, PhaseRunCommand)}

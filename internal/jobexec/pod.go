@@ -2,6 +2,7 @@ package jobexec
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -9,15 +10,17 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/dklesev/kpssh/internal/engine"
 )
 
 // The pod side: `controller phase-run` (cmd/controller) reads the request
-// from the mounted inputs Secret, runs it with the Local engine (the same
-// code as executor local) and writes the redacted result as the container's
-// termination message.
+// from the mounted inputs Secret, checks it is the one the Job was made for
+// (its SHA-256, given by the Job's command), runs it with the Local engine
+// (the same code as executor local) and writes the redacted result as the
+// container's termination message.
 
 // Paths inside the phase pod.
 const (
@@ -25,6 +28,8 @@ const (
 	InputKey        = "request.json"
 	TerminationLog  = "/dev/termination-log"
 	PhaseRunCommand = "phase-run"
+	// DigestFlag names the SHA-256 (hex) of the inputs the Job was made for.
+	DigestFlag = "input-sha256"
 )
 
 // Exit codes of PhaseRun.
@@ -32,6 +37,9 @@ const (
 	ExitSucceeded = 0 // the phase succeeded
 	ExitFailed    = 1 // it ran and did not succeed (the result says why)
 	ExitUsage     = 2 // no result: bad usage or input
+	// ExitInputMismatch: no result, the inputs are not the ones the Job was
+	// made for (their SHA-256 differs from --input-sha256); nothing ran.
+	ExitInputMismatch = 3
 )
 
 // PhaseRunOptions configure the pod side (tests point them elsewhere).
@@ -43,10 +51,11 @@ type PhaseRunOptions struct {
 	Stderr    io.Writer
 }
 
-// PhaseRun is `controller phase-run [--input FILE] [--termination-log FILE]`.
-// It returns the process exit status: 0 the phase succeeded, 1 it ran and
-// did not (the termination message has the result), 2 no result (usage or
-// unreadable input; the message says why in plain text).
+// PhaseRun is `controller phase-run [--input FILE] --input-sha256 HEX
+// [--termination-log FILE]`. It returns the process exit status: 0 the phase
+// succeeded, 1 it ran and did not (the termination message has the result),
+// 2 no result (usage or unreadable input), 3 no result: the input's SHA-256
+// is not the one given (the message says why in plain text).
 func PhaseRun(args []string, o PhaseRunOptions) int {
 	if o.Stdout == nil {
 		o.Stdout = os.Stdout
@@ -58,6 +67,7 @@ func PhaseRun(args []string, o PhaseRunOptions) int {
 	fs.SetOutput(o.Stderr)
 	input := fs.String("input", InputDir+"/"+InputKey, "the phase request (the inputs Secret, mounted read-only)")
 	term := fs.String("termination-log", TerminationLog, "where the result goes (the container's terminationMessagePath)")
+	want := fs.String(DigestFlag, "", "the SHA-256 (hex) of the inputs the Job was made for: other inputs are refused")
 	if err := fs.Parse(args); err != nil {
 		return ExitUsage
 	}
@@ -65,16 +75,26 @@ func PhaseRun(args []string, o PhaseRunOptions) int {
 		fmt.Fprintf(o.Stderr, "phase-run: unexpected arguments %q\n", fs.Args())
 		return ExitUsage
 	}
-	fail := func(err error) int {
+	failWith := func(code int, err error) int {
 		msg := "phase-run: " + err.Error()
 		fmt.Fprintln(o.Stderr, msg)
 		// Plain text: the controller reports it as the pod's failure.
 		_ = os.WriteFile(*term, []byte(validPrefix(msg, MaxTerminationMessage)), 0o644)
-		return ExitUsage
+		return code
+	}
+	fail := func(err error) int { return failWith(ExitUsage, err) }
+	if !validDigest(*want) {
+		return fail(fmt.Errorf("--%s must be the 64 hex digits of the inputs' SHA-256 (the Job's command gives it), not %q", DigestFlag, validPrefix(*want, 80)))
 	}
 	b, err := readBounded(*input, maxInput)
 	if err != nil {
 		return fail(err)
+	}
+	// Before anything reads them: inputs the controller did not write
+	// (a Secret someone else created under the predictable name) never run.
+	if got := digest(b); got != strings.ToLower(*want) {
+		return failWith(ExitInputMismatch, fmt.Errorf("refusing the inputs: %s has sha256 %s, the Job was made for sha256 %s "+
+			"(the inputs Secret is not the one the controller wrote for this Job); nothing ran", *input, got, strings.ToLower(*want)))
 	}
 	req, err := DecodeInput(b)
 	if err != nil {
@@ -125,6 +145,14 @@ func defaultEngine() (engine.Engine, error) {
 		o.RolesPath = []string{roles}
 	}
 	return engine.New(o)
+}
+
+func validDigest(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
 }
 
 func readBounded(path string, n int64) ([]byte, error) {

@@ -29,9 +29,18 @@ func TestPhaseRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Inputs of another's choosing under the inputs' name.
+	forged := request()
+	forged.Key, forged.Source.Script = "", "echo forged"
+	other, err := EncodeInput(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
-		name     string
-		input    []byte
+		name  string
+		input []byte
+		// sum is the --input-sha256 (empty: the input's own, "-": none)
+		sum      string
 		args     []string
 		newEng   func() (engine.Engine, error)
 		exit     int
@@ -39,16 +48,20 @@ func TestPhaseRun(t *testing.T) {
 		msg      string
 		gotInput bool
 	}{
-		{"succeeded", in, nil, nil, ExitSucceeded, engine.Succeeded, "", true},
-		{"failed", in, nil, func() (engine.Engine, error) {
+		{"succeeded", in, "", nil, nil, ExitSucceeded, engine.Succeeded, "", true},
+		{"failed", in, "", nil, func() (engine.Engine, error) {
 			return engineFunc(func(context.Context, engine.Request) engine.Result {
 				return engine.Result{Outcome: engine.Failed, FailedTask: "kpssh join", RC: 4, ExitCode: 2, Message: "join failed", Touched: true}
 			}), nil
 		}, ExitFailed, engine.Failed, "join failed", true},
-		{"bad input", []byte(`{"version":7}`), nil, nil, ExitUsage, engine.ConfigError, "input version 7", false},
-		{"empty input", []byte{}, nil, nil, ExitUsage, engine.ConfigError, "is empty", false},
-		{"no engine", in, nil, func() (engine.Engine, error) { return nil, errors.New("ansible-playbook not found") }, ExitUsage, engine.ConfigError, "ansible-playbook not found", false},
-		{"stray argument", in, []string{"extra"}, nil, ExitUsage, "", "", false},
+		{"bad input", []byte(`{"version":7}`), "", nil, nil, ExitUsage, engine.ConfigError, "input version 7", false},
+		{"empty input", []byte{}, "", nil, nil, ExitUsage, engine.ConfigError, "is empty", false},
+		{"no engine", in, "", nil, func() (engine.Engine, error) { return nil, errors.New("ansible-playbook not found") }, ExitUsage, engine.ConfigError, "ansible-playbook not found", false},
+		{"stray argument", in, "", []string{"extra"}, nil, ExitUsage, "", "", false},
+		{"tampered input", other, digest(in), nil, nil, ExitInputMismatch, engine.ConfigError,
+			"refused the inputs Secret /kpssh-join-x, not the one written for Job kpssh-join-x: phase-run: refusing the inputs", false},
+		{"no digest", in, "-", nil, nil, ExitUsage, engine.ConfigError, "--input-sha256 must be the 64 hex digits", false},
+		{"bad digest", in, "abc", nil, nil, ExitUsage, engine.ConfigError, "--input-sha256 must be the 64 hex digits", false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -77,7 +90,15 @@ func TestPhaseRun(t *testing.T) {
 				}
 			}
 			var stdout, stderr bytes.Buffer
-			args := append([]string{"--input", inPath, "--termination-log", term}, c.args...)
+			args := []string{"--input", inPath, "--termination-log", term}
+			switch c.sum {
+			case "":
+				args = append(args, "--"+DigestFlag, digest(c.input))
+			case "-":
+			default:
+				args = append(args, "--"+DigestFlag, c.sum)
+			}
+			args = append(args, c.args...)
 			code := PhaseRun(args, PhaseRunOptions{NewEngine: newEng, Stdout: &stdout, Stderr: &stderr})
 			if code != c.exit {
 				t.Fatalf("exit %d, want %d; stderr %s", code, c.exit, stderr.String())

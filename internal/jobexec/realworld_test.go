@@ -8,17 +8,21 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/jobexec"
@@ -400,6 +404,8 @@ echo "$KPSSH_NODE_NAME $KPSSH_VAR_GREETING" > /root/jobexec-proof
 		}
 	})
 
+	attacks(t, attackWorld{ctx: ctx, ns: ns, c: c, kl: kl, w: w, req: req, newExec: newExec})
+
 	t.Run("pod deleted before a result", func(t *testing.T) {
 		kl.t = t
 		r := req
@@ -412,6 +418,267 @@ echo "$KPSSH_NODE_NAME $KPSSH_VAR_GREETING" > /root/jobexec-proof
 		}
 		if res := await(t, done); res.Outcome != engine.Failed || !strings.Contains(res.Message, "without a result") {
 			t.Fatalf("result %+v", res)
+		}
+	})
+}
+
+// attackWorld is what the attacks on the inputs share with the test above.
+type attackWorld struct {
+	ctx     context.Context
+	ns      string
+	c       client.WithWatch // the executor's (the controller's) client
+	kl      *kubelet
+	w       *hostenv.World
+	req     engine.Request
+	newExec func() *jobexec.Executor
+}
+
+// attacker is a client for mallory, who may create Secrets in the Job
+// namespace and read its Jobs — nothing else (the apiserver authorizes her
+// through RBAC as it would any user).
+func attacker(t *testing.T, ns string) client.Client {
+	t.Helper()
+	ctx := context.Background()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mallory"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"get", "list", "watch"}},
+	}}
+	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mallory"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "mallory"},
+		Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "mallory"}}}
+	for _, o := range []client.Object{role, rb} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "mallory"}
+	m, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// She is really held to those rules.
+	if err := m.Get(ctx, client.ObjectKey{Namespace: ns, Name: "anything"}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("mallory reading a Secret: %v, want forbidden", err)
+	}
+	return m
+}
+
+// planted is a Secret of the inputs' name holding inputs of the attacker's
+// choosing, controlled by owner if not nil (an owner reference anyone who
+// can read the Job can write).
+func planted(ns, name string, input []byte, owner *batchv1.Job) *corev1.Secret {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+		Labels: map[string]string{jobexec.LabelManagedBy: jobexec.ManagedBy, jobexec.LabelRun: name}},
+		Immutable: ptr.To(true), Data: map[string][]byte{jobexec.InputKey: input}}
+	if owner != nil {
+		s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: owner.Name, UID: owner.UID, Controller: ptr.To(true)}}
+	}
+	return s
+}
+
+// attacks: the inputs Secret's name is predictable and the pods are found
+// by label, so whoever can create Secrets (or pods) in the Job namespace
+// tries to decide what a phase runs or what its result is. Each attack
+// proves itself: a forged phase writes a file on the host.
+func attacks(t *testing.T, a attackWorld) {
+	mallory := attacker(t, a.ns)
+	// The attacker's inputs: their own script (on a host they can reach
+	// with a key they hold: here the test host's), a success to report.
+	forge := func(t *testing.T, r engine.Request, proof string) []byte {
+		t.Helper()
+		f := r
+		f.Source.Script = "echo forged > " + proof
+		b, err := jobexec.EncodeInput(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	ran := func(t *testing.T, proof string) bool {
+		t.Helper()
+		return a.w.WithT(t).MustRun(0, "if [ -e "+proof+" ]; then echo yes; else echo no; fi") == "yes"
+	}
+	// answer waits for the executor's answer to an attack. An executor that
+	// waits for its pod instead has taken the planted inputs: the kubelet
+	// runs that pod to show what it does, and the test fails.
+	answer := func(t *testing.T, done <-chan engine.Result, name, proof string) engine.Result {
+		t.Helper()
+		select {
+		case r := <-done:
+			return r
+		case <-time.After(20 * time.Second):
+		}
+		job := &batchv1.Job{}
+		if err := env.Client.Get(a.ctx, client.ObjectKey{Namespace: a.ns, Name: name}, job); err != nil {
+			t.Fatalf("no answer within 20 s and no Job: %v", err)
+		}
+		a.kl.run(a.kl.pod(job))
+		r := await(t, done)
+		t.Fatalf("the executor took inputs it did not write and ran them: result %+v; the forged script ran on the host: %v", r, ran(t, proof))
+		return r
+	}
+	// refused: the run is refused before anything ran, the refusal names
+	// the Secret, and the attacker's Secret is still there (not ours to
+	// delete).
+	refused := func(t *testing.T, r engine.Result, sec *corev1.Secret, proof string) {
+		t.Helper()
+		t.Logf("refused: %s", r.Message)
+		if r.Outcome != engine.ConfigError || r.Touched || !strings.Contains(r.Message, "inputs Secret "+a.ns+"/"+sec.Name) ||
+			!strings.Contains(r.Message, "not created for this run") {
+			t.Errorf("result %+v, want a ConfigError naming the Secret", r)
+		}
+		cur := &corev1.Secret{}
+		if err := env.Client.Get(a.ctx, client.ObjectKeyFromObject(sec), cur); err != nil || cur.UID != sec.UID {
+			t.Errorf("the planted Secret was removed or replaced (%v)", err)
+		}
+		if ran(t, proof) {
+			t.Error("the forged script ran on the host")
+		}
+		// No Job is left to run it.
+		eventually(t, "no Job of the refused run", time.Minute, func() (bool, error) {
+			job := &batchv1.Job{}
+			err := env.Client.Get(a.ctx, client.ObjectKeyFromObject(sec), job)
+			return apierrors.IsNotFound(err) || (err == nil && job.DeletionTimestamp != nil), err
+		})
+	}
+
+	t.Run("attack: inputs Secret planted before the Job", func(t *testing.T) {
+		a.kl.t = t
+		r := a.req
+		r.Key = "kpssh-system/h1/join/claim-uid-4"
+		name, proof := jobexec.JobName(r.Phase, r.Key), "/root/jobexec-forged-before"
+		sec := planted(a.ns, name, forge(t, r, proof), nil)
+		if err := mallory.Create(a.ctx, sec); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan engine.Result, 1)
+		go func() { done <- a.newExec().Run(a.ctx, r) }()
+		refused(t, answer(t, done, name, proof), sec, proof)
+	})
+
+	// racer starts a run (of the claim) on an executor whose Secret creation
+	// mallory races: watching the Jobs, she creates the name after the Job,
+	// before its Secret, with her inputs (their script writes proof), the
+	// Job as its controller if owned. sec is what she planted.
+	racer := func(t *testing.T, claim, proof string, owned bool) (name string, done <-chan engine.Result, sec func() *corev1.Secret) {
+		a.kl.t = t
+		r := a.req
+		r.Key = "kpssh-system/h1/join/" + claim
+		name = jobexec.JobName(r.Phase, r.Key)
+		input := forge(t, r, proof)
+		var mu sync.Mutex
+		var hers *corev1.Secret
+		var perr error
+		c := interceptor.NewClient(a.c, interceptor.Funcs{Create: func(ctx context.Context, cl client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if s, ok := obj.(*corev1.Secret); ok && s.Name == name {
+				mu.Lock()
+				if hers == nil && perr == nil {
+					job := &batchv1.Job{}
+					if perr = mallory.Get(ctx, client.ObjectKey{Namespace: a.ns, Name: name}, job); perr == nil {
+						var owner *batchv1.Job
+						if owned {
+							owner = job
+						}
+						hers = planted(a.ns, name, input, owner)
+						if perr = mallory.Create(ctx, hers); perr != nil {
+							hers = nil
+						}
+					}
+				}
+				mu.Unlock()
+			}
+			return cl.Create(ctx, obj, opts...)
+		}})
+		e := a.newExec()
+		e.Client = c
+		ch := make(chan engine.Result, 1)
+		go func() { ch <- e.Run(a.ctx, r) }()
+		return name, ch, func() *corev1.Secret {
+			t.Helper()
+			mu.Lock()
+			defer mu.Unlock()
+			if hers == nil {
+				t.Fatalf("the racer did not plant its Secret: %v", perr)
+			}
+			return hers
+		}
+	}
+
+	t.Run("attack: inputs Secret planted between the Job and its Secret", func(t *testing.T) {
+		proof := "/root/jobexec-forged-race"
+		name, done, sec := racer(t, "claim-uid-5", proof, false)
+		res := answer(t, done, name, proof)
+		refused(t, res, sec(), proof)
+	})
+
+	// The Job as the planted Secret's owner: its owner reference cannot be
+	// told from ours, but its content is not what the Job was made for, and
+	// the pod (given the digest by the Job) refuses it.
+	t.Run("attack: tampered inputs owned by the Job", func(t *testing.T) {
+		proof := "/root/jobexec-forged-tampered"
+		name, done, sec := racer(t, "claim-uid-6", proof, true)
+		job := &batchv1.Job{}
+		eventually(t, "Job", time.Minute, func() (bool, error) {
+			err := env.Client.Get(a.ctx, client.ObjectKey{Namespace: a.ns, Name: name}, job)
+			return err == nil, err
+		})
+		a.kl.run(a.kl.pod(job))
+		res := await(t, done)
+		_ = sec()
+		if ran(t, proof) {
+			t.Fatalf("the pod ran the tampered inputs on the host: result %+v", res)
+		}
+		t.Logf("refused: %s", res.Message)
+		if res.Outcome != engine.ConfigError || res.Touched || !strings.Contains(res.Message, "inputs Secret "+a.ns+"/"+name) ||
+			!strings.Contains(res.Message, "sha256") {
+			t.Fatalf("result %+v, want the pod's refusal of the inputs (a ConfigError naming the Secret and the digest)", res)
+		}
+	})
+
+	// Pods are found by label; only the Job's own pod may report: one with
+	// the labels alone, and one that names the Job as a (non-controller)
+	// owner, both report a forged success before the real pod ends.
+	t.Run("attack: spoofed pods with the Job's labels", func(t *testing.T) {
+		a.kl.t = t
+		r := a.req
+		r.Key = "kpssh-system/h1/join/claim-uid-7"
+		r.Source.Script = "exit 7"
+		done, job := start(t, a.ctx, a.newExec(), env.Client, a.ns, r)
+		pod := a.kl.pod(job)
+		forged := string(jobexec.EncodeResult(engine.Result{Outcome: engine.Succeeded, Touched: true, Message: "forged"}))
+		for i, owner := range []*metav1.OwnerReference{nil, {APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: job.UID}} {
+			spoof := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: a.ns, Name: fmt.Sprintf("%s-spoof%d", job.Name, i), Labels: map[string]string{}},
+				Spec: *pod.Spec.DeepCopy()}
+			// The Job's labels but the one its controller selects by (the
+			// Job controller would count it).
+			for k, v := range pod.Labels {
+				if k != "batch.kubernetes.io/controller-uid" && k != "controller-uid" {
+					spoof.Labels[k] = v
+				}
+			}
+			if owner != nil {
+				spoof.OwnerReferences = []metav1.OwnerReference{*owner}
+			}
+			spoof.Spec.Containers[0].Command = []string{"/bin/sh", "-c", "echo '" + forged + "' > /dev/termination-log"}
+			if err := env.Client.Create(a.ctx, spoof); err != nil {
+				t.Fatal(err)
+			}
+			// What its kubelet reports once that command ran.
+			a.kl.setStatus(spoof, corev1.PodSucceeded, corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed", Message: forged,
+				StartedAt: metav1.Now(), FinishedAt: metav1.Now()}})
+		}
+		// The executor sees them (it watches the label): it must keep
+		// waiting for its own pod.
+		select {
+		case res := <-done:
+			t.Fatalf("the executor took a result from a pod its Job did not make: %+v", res)
+		case <-time.After(3 * time.Second):
+		}
+		a.kl.run(pod)
+		res := await(t, done)
+		if res.Outcome != engine.Failed || res.RC != 7 || strings.Contains(res.Message, "forged") {
+			t.Fatalf("result %+v, want the Job's own pod's (Failed, rc 7)", res)
 		}
 	})
 }

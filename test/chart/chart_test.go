@@ -724,7 +724,7 @@ func TestHelmInstall(t *testing.T) {
 		{"create", "batch", "jobs", "", "default", "", false},
 		{"create", "", "secrets", "", "kpssh", "", true},
 		{"delete", "", "secrets", "", "kpssh", "kpssh-join-0123", true},
-		{"get", "", "secrets", "", "kpssh", "kpssh-join-0123", false}, // inputs are written, never read back
+		{"get", "", "secrets", "", "kpssh", "kpssh-join-0123", true}, // the owner of a Secret under the inputs' name (metadata only, in the code)
 		{"list", "", "secrets", "", "kpssh", "", false},
 		{"get", "", "pods", "", "kpssh", "p", true},
 		{"list", "", "pods", "", "kpssh", "", true},
