@@ -1,6 +1,8 @@
 package v1beta1
 
 import (
+	"fmt"
+
 	"github.com/awslabs/operatorpkg/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -187,7 +189,52 @@ type SSHHostStatus struct {
 	// LastPhase is the last phase run on this host.
 	// +optional
 	LastPhase *LastPhase `json:"lastPhase,omitempty"`
+	// ShimRejection is the last refusal of a phase by this Verified host's
+	// shim (a bad signature, param or envelope, an unknown phase). While the
+	// node class, its profile and this host's spec are what they were then,
+	// the node class does not claim the host again (each claim would mint
+	// and ship another token for the same refusal); a later successful
+	// launch clears it. Condition ShimRejected mirrors it.
+	// +optional
+	ShimRejection *ShimRejection `json:"shimRejection,omitempty"`
 }
+
+// ShimRejection records what a Verified host's shim refused, and the
+// generations of the objects whose change lifts it.
+type ShimRejection struct {
+	Phase Phase `json:"phase"`
+	// RC is the shim's exit code (2 signature rejected, 3 bad param, 4
+	// malformed envelope, 5 unknown phase).
+	// +kubebuilder:validation:Minimum=2
+	// +kubebuilder:validation:Maximum=5
+	RC int32 `json:"rc"`
+	// Message is the redacted refusal.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
+	// NodeClass whose launch was refused, at NodeClassGeneration.
+	NodeClass           string `json:"nodeClass"`
+	NodeClassGeneration int64  `json:"nodeClassGeneration"`
+	// Profile is the SSHJoinProfile's name, at ProfileGeneration (its
+	// scripts and signatures are in its spec).
+	Profile           string `json:"profile"`
+	ProfileGeneration int64  `json:"profileGeneration"`
+	// HostGeneration is this SSHHost's metadata.generation then.
+	HostGeneration int64       `json:"hostGeneration"`
+	At             metav1.Time `json:"at"`
+}
+
+// Blocks reports whether the rejection still keeps node class nc (with
+// profile p) from claiming host h: nothing it depends on has changed.
+func (r *ShimRejection) Blocks(h *SSHHost, nc *SSHNodeClass, p *SSHJoinProfile) bool {
+	return r != nil && nc != nil && p != nil &&
+		r.NodeClass == nc.Name && r.NodeClassGeneration == nc.Generation &&
+		r.Profile == p.Name && r.ProfileGeneration == p.Generation &&
+		r.HostGeneration == h.Generation
+}
+
+// ConditionShimRejected is True while status.shimRejection is set.
+const ConditionShimRejected = "ShimRejected"
 
 // SSHHost is one machine of the pool.
 // +kubebuilder:object:root=true
@@ -281,6 +328,46 @@ func (h *SSHHost) SetState(s HostState, msg string, now metav1.Time) {
 		}
 		h.Status.Conditions[i] = cond
 		return
+	}
+	h.Status.Conditions = append(h.Status.Conditions, cond)
+}
+
+// Reasons of the ShimRejected condition, by the shim's exit code.
+var shimRejectionReasons = map[int32]string{2: "SignatureRejected", 3: "BadParam", 4: "MalformedEnvelope", 5: "UnknownPhase"}
+
+// ShimRejectionReason is the ShimRejected condition's reason for rc.
+func ShimRejectionReason(rc int32) string {
+	if r, ok := shimRejectionReasons[rc]; ok {
+		return r
+	}
+	return "Rejected"
+}
+
+// SetShimRejection records r (nil clears it) with the ShimRejected condition
+// that mirrors it: True naming the phase, the refusal and what to change.
+func (h *SSHHost) SetShimRejection(r *ShimRejection, now metav1.Time) {
+	h.Status.ShimRejection = r
+	if r == nil {
+		for i, c := range h.Status.Conditions {
+			if c.Type == ConditionShimRejected {
+				h.Status.Conditions = append(h.Status.Conditions[:i:i], h.Status.Conditions[i+1:]...)
+				return
+			}
+		}
+		return
+	}
+	cond := status.Condition{Type: ConditionShimRejected, Status: metav1.ConditionTrue, ObservedGeneration: h.Generation,
+		LastTransitionTime: now, Reason: ShimRejectionReason(r.RC),
+		Message: fmt.Sprintf("the shim refused %s (rc %d): %s; node class %s does not claim this host until it, its profile %s or this host's spec changes",
+			r.Phase, r.RC, r.Message, r.NodeClass, r.Profile)}
+	for i, c := range h.Status.Conditions {
+		if c.Type == ConditionShimRejected {
+			if c.Status == cond.Status {
+				cond.LastTransitionTime = c.LastTransitionTime
+			}
+			h.Status.Conditions[i] = cond
+			return
+		}
 	}
 	h.Status.Conditions = append(h.Status.Conditions, cond)
 }

@@ -126,7 +126,10 @@ func (c *CloudProvider) profile(ctx context.Context, name string) (*v1beta1.SSHJ
 	return p, nil
 }
 
-// classHosts lists the pool hosts selected by the node class.
+// classHosts lists the pool hosts selected by the node class. A host whose
+// shim refused this node class's profile as it still is (a sticky
+// ShimRejection) is listed as not free — its class stays offered, the host
+// is neither counted available nor claimed; only the copy is changed.
 func (c *CloudProvider) classHosts(ctx context.Context, nc *v1beta1.SSHNodeClass) ([]v1beta1.SSHHost, error) {
 	sel := labels.Everything()
 	if nc.Spec.HostSelector != nil {
@@ -136,7 +139,28 @@ func (c *CloudProvider) classHosts(ctx context.Context, nc *v1beta1.SSHNodeClass
 		}
 		sel = s
 	}
-	return c.Pool.Hosts(ctx, sel)
+	hosts, err := c.Pool.Hosts(ctx, sel)
+	if err != nil {
+		return nil, err
+	}
+	var prof *v1beta1.SSHJoinProfile
+	for i := range hosts {
+		if hosts[i].Status.ShimRejection != nil {
+			if prof, err = c.profile(ctx, nc.Spec.JoinProfileRef.Name); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	if prof == nil {
+		return hosts, nil
+	}
+	for i := range hosts {
+		if h := &hosts[i]; h.Status.ShimRejection.Blocks(h, nc, prof) && pool.Free(h) {
+			h.Status.State = v1beta1.HostUnhealthy
+		}
+	}
+	return hosts, nil
 }
 
 // instanceTypes builds the instance types of a node class, cheapest first,

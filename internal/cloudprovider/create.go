@@ -172,7 +172,7 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	if h.Status.InstalledProfile != prof.Marker() {
 		out := c.Phases.Run(ctx, h, prof, engine.PhaseInstall, pc, redact)
 		if !out.OK() {
-			return nil, c.fail(ctx, nodeClaim, h, claim, phaseFailure(engine.PhaseInstall, out))
+			return nil, c.fail(ctx, nodeClaim, h, claim, phaseFailure(engine.PhaseInstall, out).refusedBy(out, engine.PhaseInstall, h, nc, prof, metav1.NewTime(c.Clock.Now())))
 		}
 		if h, err = c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {
 			h.Status.InstalledProfile = prof.Marker()
@@ -196,7 +196,7 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	redact = append(redact, tok.String(), tok.Secret)
 	out := c.Phases.Run(ctx, h, prof, engine.PhaseJoin, pc, redact)
 	if !out.OK() {
-		return nil, c.fail(ctx, nodeClaim, h, claim, phaseFailure(engine.PhaseJoin, out))
+		return nil, c.fail(ctx, nodeClaim, h, claim, phaseFailure(engine.PhaseJoin, out).refusedBy(out, engine.PhaseJoin, h, nc, prof, metav1.NewTime(c.Clock.Now())))
 	}
 
 	providerID := pc.ProviderID
@@ -211,6 +211,7 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 		h.Status.ProviderID = providerID
 		h.Status.LastPhase = out.LastPhase
 		h.SetState(v1beta1.HostInUse, "joined as NodeClaim "+nodeClaim.Name, metav1.NewTime(c.Clock.Now()))
+		h.SetShimRejection(nil, metav1.NewTime(c.Clock.Now())) // what was refused has changed
 	}); err != nil {
 		return nil, c.lost(ctx, nodeClaim, err)
 	}

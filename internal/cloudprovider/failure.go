@@ -22,6 +22,7 @@ type failure struct {
 	state     v1beta1.HostState // Available: host untouched; Unhealthy: host-side
 	msg       string
 	lastPhase *v1beta1.LastPhase
+	rejection *v1beta1.ShimRejection // the host's shim refused the phase: sticky
 }
 
 func configFailure(msg string) failure {
@@ -33,6 +34,20 @@ func phaseFailure(ph engine.Phase, out phase.Outcome) failure {
 	if out.HostSide() {
 		f.state = v1beta1.HostUnhealthy
 	}
+	return f
+}
+
+// refusedBy makes a phase failure sticky when the host's shim refused the
+// phase: the same node class, profile and host spec would be refused again,
+// so the node class does not claim the host until one of them changes
+// (classHosts), instead of minting and shipping a token per retry.
+func (f failure) refusedBy(out phase.Outcome, ph engine.Phase, h *v1beta1.SSHHost, nc *v1beta1.SSHNodeClass, p *v1beta1.SSHJoinProfile, now metav1.Time) failure {
+	if !out.ShimRefused() {
+		return f
+	}
+	f.rejection = &v1beta1.ShimRejection{Phase: v1beta1.Phase(ph), RC: int32(out.RC), Message: phase.Truncate(out.Message, 1024),
+		NodeClass: nc.Name, NodeClassGeneration: nc.Generation, Profile: p.Name, ProfileGeneration: p.Generation,
+		HostGeneration: h.Generation, At: now}
 	return f
 }
 
@@ -57,6 +72,9 @@ func (c *CloudProvider) fail(ctx context.Context, nodeClaim *karpv1.NodeClaim, h
 			pool.Released(h, f.state, f.msg, metav1.NewTime(c.Clock.Now()))
 			if f.lastPhase != nil {
 				h.Status.LastPhase = f.lastPhase
+			}
+			if f.rejection != nil {
+				h.SetShimRejection(f.rejection, metav1.NewTime(c.Clock.Now()))
 			}
 		})
 		if err != nil && !errors.Is(err, pool.ErrClaimLost) {
@@ -83,7 +101,7 @@ func (c *CloudProvider) lost(ctx context.Context, nodeClaim *karpv1.NodeClaim, e
 
 func truncateMsg(s string) string {
 	if len(s) > 1024 {
-		return s[:1021] + "..."
+		return phase.Truncate(s, 1021) + "..."
 	}
 	return s
 }

@@ -194,6 +194,9 @@ var specMetrics = []struct {
 	{"kpssh_host_zombie_actions_total", "kpssh_host_zombie_actions_total", map[string][]string{
 		"action": {host.ActionLeft, host.ActionLeaveFailed, host.ActionParkedForeign}}},
 	{"kpssh_node_startup_taint_gate_seconds", "kpssh_node_startup_taint_gate_seconds_count", nil},
+	{"kpssh_instance_shim_rejections_total", "kpssh_instance_shim_rejections_total", map[string][]string{
+		"phase":  {string(engine.PhaseInstall), string(engine.PhaseJoin), string(engine.PhaseLeave), string(engine.PhaseUninstall)},
+		"reason": {"SignatureRejected", "BadParam", "MalformedEnvelope", "UnknownPhase"}}},
 }
 
 func states() []string {

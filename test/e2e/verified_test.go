@@ -513,6 +513,28 @@ func (v *verifiedRun) rogueRefused() {
 		w.t.Logf("note: no bootstrap-token id seen on the host while polling (the mint → rejection window is short)")
 	}
 
+	// The refusal is sticky: the host stays out of this node class's pool
+	// — no claim, no shim run, no token — while the node class, its
+	// profile and the host's spec are unchanged, though Karpenter keeps
+	// retrying the launch; condition ShimRejected says why. (Before, each
+	// retry claimed the host again and shipped a fresh token to be refused.)
+	w.eventually("ShimRejected condition on "+v.name, time.Minute, func() (bool, string) {
+		h := w.sshHost(v.name)
+		c := h.StatusConditions().Get(v1beta1.ConditionShimRejected)
+		return c != nil && c.IsTrue() && c.Reason == "SignatureRejected" && h.Status.ShimRejection != nil &&
+			h.Status.ShimRejection.Phase == v1beta1.PhaseJoin, fmt.Sprintf("%+v %+v", c, h.Status.ShimRejection)
+	})
+	refusedRuns := v.shimRuns()
+	for end := time.Now().Add(40 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		h := w.sshHost(v.name)
+		if h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" {
+			w.t.Fatalf("%s claimed again (claim %+v, token %q) with its refusal unchanged", v.name, h.Status.ClaimRef, h.Status.BootstrapTokenID)
+		}
+	}
+	if n := v.shimRuns(); n != refusedRuns {
+		w.t.Errorf("%d more shim runs on %s within 40 s of a sticky refusal", n-refusedRuns, v.name)
+	}
+
 	// The signer's signatures back, the rogue key out of the API: the
 	// launch that Karpenter retries joins.
 	w.apply(v.goodProfile)

@@ -112,6 +112,11 @@ func (c *Controller) probeFailed(ctx context.Context, h *v1beta1.SSHHost, res pr
 func recordProbe(h *v1beta1.SSHHost, creds hostkey.Credentials, res probe.Result, now metav1.Time) {
 	h.Status.LastProbeTime = &now
 	h.Status.ObservedGeneration = h.Generation
+	// A shim refusal recorded before the host's spec changed (execMode,
+	// trustedSigners, shimCommand, …) no longer applies.
+	if r := h.Status.ShimRejection; r != nil && r.HostGeneration != h.Generation {
+		h.SetShimRejection(nil, now)
+	}
 	switch {
 	case creds.FromSecret:
 		h.Status.HostKeyFingerprint = creds.PinnedFingerprint

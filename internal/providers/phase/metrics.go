@@ -3,6 +3,9 @@ package phase
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
 )
 
 // PhaseDuration is kpssh_instance_phase_duration_seconds{phase,outcome}:
@@ -16,4 +19,23 @@ var PhaseDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 	Buckets:   []float64{0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 900},
 }, []string{"phase", "outcome"})
 
-func init() { crmetrics.Registry.MustRegister(PhaseDuration) }
+// ShimRejections is kpssh_instance_shim_rejections_total{phase,reason}:
+// phases a Verified host's shim refused (reason: SignatureRejected,
+// BadParam, MalformedEnvelope, UnknownPhase — the SSHHost's ShimRejected
+// condition reasons). Every series exists from start at 0, so increase()
+// sees the first one.
+var ShimRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: "kpssh",
+	Subsystem: "instance",
+	Name:      "shim_rejections_total",
+	Help:      "Phases refused by a Verified host's shim, by phase and reason.",
+}, []string{"phase", "reason"})
+
+func init() {
+	crmetrics.Registry.MustRegister(PhaseDuration, ShimRejections)
+	for _, ph := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall} {
+		for rc := int32(engine.ShimBadSignature); rc <= engine.ShimUnknownPhase; rc++ {
+			ShimRejections.WithLabelValues(string(ph), v1beta1.ShimRejectionReason(rc))
+		}
+	}
+}

@@ -57,6 +57,13 @@ func (o Outcome) HostSide() bool {
 	return o.Outcome != engine.ConfigError && o.Outcome != engine.Succeeded
 }
 
+// ShimRefused reports whether a Verified host's shim refused the phase
+// (exit 2–5: signature, param, envelope, phase) — nothing of it ran, and
+// running it again unchanged is refused again.
+func (o Outcome) ShimRefused() bool {
+	return o.Outcome == engine.Rejected && o.RC >= engine.ShimBadSignature && o.RC <= engine.ShimUnknownPhase
+}
+
 // Connection builds the engine connection for a host; keyLine is the pinned
 // host key line.
 func Connection(h *v1beta1.SSHHost, creds hostkey.Credentials, keyLine string) engine.Connection {
@@ -102,6 +109,9 @@ func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 	}
 	PhaseDuration.WithLabelValues(string(ph), string(res.Outcome)).Observe(res.Duration.Seconds())
 	o := Outcome{Result: res, LastPhase: Record(ph, res, start)}
+	if o.ShimRefused() {
+		ShimRejections.WithLabelValues(string(ph), v1beta1.ShimRejectionReason(int32(res.RC))).Inc()
+	}
 	if !o.OK() && r.Recorder != nil {
 		r.Recorder.Publish(phaseFailed(h, ph, res))
 	}
@@ -155,8 +165,8 @@ func Record(ph engine.Phase, res engine.Result, start time.Time) *v1beta1.LastPh
 		Phase:      v1beta1.Phase(ph),
 		StartedAt:  metav1.NewTime(start),
 		Duration:   metav1.Duration{Duration: res.Duration.Round(time.Millisecond)},
-		FailedTask: truncate(res.FailedTask, 1024),
-		Message:    truncate(res.Message, 4096),
+		FailedTask: Truncate(res.FailedTask, 1024),
+		Message:    Truncate(res.Message, 4096),
 	}
 	switch res.Outcome {
 	case engine.Succeeded:
@@ -176,7 +186,8 @@ func Record(ph engine.Phase, res engine.Result, start time.Time) *v1beta1.LastPh
 	return lp
 }
 
-func truncate(s string, n int) string {
+// Truncate cuts s to at most n bytes, on a rune boundary.
+func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
@@ -200,7 +211,7 @@ func Summary(ph engine.Phase, res engine.Result) string {
 	if res.Message != "" {
 		s += ": " + res.Message
 	}
-	return truncate(s, 1024)
+	return Truncate(s, 1024)
 }
 
 func phaseFailed(h *v1beta1.SSHHost, ph engine.Phase, res engine.Result) events.Event {

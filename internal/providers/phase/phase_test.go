@@ -162,3 +162,37 @@ func TestPhaseDurationMetric(t *testing.T) {
 		t.Fatalf("kpssh_instance_phase_duration_seconds{install,Failed} samples %d → %d", before, got)
 	}
 }
+
+// kpssh_instance_shim_rejections_total counts shim refusals (rc 2–5) by
+// reason, from 0; a failed script behind the shim (rc 10) is not one.
+func TestShimRejectionsMetric(t *testing.T) {
+	count := func(ph, reason string) float64 {
+		m := &dto.Metric{}
+		if err := ShimRejections.WithLabelValues(ph, reason).Write(m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	for _, tc := range []struct {
+		res    engine.Result
+		reason string
+		counts bool
+	}{
+		{engine.Result{Outcome: engine.Rejected, RC: engine.ShimBadSignature}, "SignatureRejected", true},
+		{engine.Result{Outcome: engine.Rejected, RC: engine.ShimBadParam}, "BadParam", true},
+		{engine.Result{Outcome: engine.Rejected, RC: engine.ShimMalformed}, "MalformedEnvelope", true},
+		{engine.Result{Outcome: engine.Rejected, RC: engine.ShimUnknownPhase}, "UnknownPhase", true},
+		{engine.Result{Outcome: engine.Failed, RC: engine.ShimScriptFailed}, "SignatureRejected", false},
+	} {
+		r, _ := runner(t, &fakeEngine{res: tc.res}, nil)
+		before := count("join", tc.reason)
+		r.Run(context.Background(), host("SHA256:x"), testProfile(), engine.PhaseJoin, engine.Context{}, nil)
+		want := before
+		if tc.counts {
+			want++
+		}
+		if got := count("join", tc.reason); got != want {
+			t.Errorf("rc %d: kpssh_instance_shim_rejections_total{join,%s} %v → %v, want %v", tc.res.RC, tc.reason, before, got, want)
+		}
+	}
+}
