@@ -11,6 +11,8 @@ description:
     units' state, all in one module run, so a role learns the host's state
     with one task instead of one C(stat)/C(slurp)/C(command)/C(systemd) task
     each (every module task is a round trip plus a Python start on the host).
+  - Also returns the machine type (C(uname -m)), so a role maps it to a
+    release architecture without a task of its own.
   - Never changes anything; never fails because a file, command or unit is
     missing (that is what it reports). Supports check mode.
 version_added: 0.2.0
@@ -66,15 +68,19 @@ units:
   description: Unit to C({ActiveState, SubState, UnitFileState}) (empty strings for an unknown unit).
   type: dict
   returned: always
+machine:
+  description: The machine type, as C(uname -m) prints it (C(platform.machine())), e.g. C(x86_64), C(aarch64).
+  type: str
+  returned: always
+  version_added: 1.1.0
 '''
 
 import os
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dklesev.kpssh.plugins.module_utils.host_commands import run, run_all
 
 MAX_READ = 64 * 1024
-TAIL = 8192
 
 
 def _read(path):
@@ -86,20 +92,11 @@ def _read(path):
     return data[:MAX_READ].decode('utf-8', 'replace')
 
 
-def _run(argv, timeout=60):
-    try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
-    except (OSError, subprocess.SubprocessError) as e:
-        return dict(rc=None, stdout='', stderr=str(e))
-    return dict(rc=p.returncode, stdout=p.stdout.decode('utf-8', 'replace')[-TAIL:],
-                stderr=p.stderr.decode('utf-8', 'replace')[-TAIL:])
-
-
 def _units(names):
     out = {n: dict(ActiveState='', SubState='', UnitFileState='') for n in names}
     if not names:
         return out
-    r = _run(['systemctl', 'show', '--property=Id,ActiveState,SubState,UnitFileState', '--'] + list(names))
+    r = run(['systemctl', 'show', '--property=Id,ActiveState,SubState,UnitFileState', '--'] + list(names))
     # one block per unit, in the order asked, separated by blank lines
     blocks = [b for b in r['stdout'].split('\n\n')]
     for name, block in zip(names, blocks):
@@ -121,17 +118,14 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    commands = {}
-    for name, argv in p['commands'].items():
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            module.fail_json(msg='commands.%s must be a non-empty list of strings (argv, no shell)' % name)
-        commands[name] = _run(argv)
+    commands = run_all(module, p['commands'])
     module.exit_json(
         changed=False,
         read={path: _read(path) for path in p['read']},
         exists={path: os.path.lexists(path) for path in p['exists']},
         commands=commands,
         units=_units(p['units']),
+        machine=os.uname().machine,
     )
 
 
