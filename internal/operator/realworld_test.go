@@ -2,9 +2,12 @@ package operator_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -45,9 +48,13 @@ func freePort(t *testing.T) string {
 // startOperator runs cmd/controller's wiring (Karpenter core + kpssh) in
 // this process against envtest. Karpenter's operator reads its options from
 // flags and the environment, once per process.
-func startOperator(t *testing.T) {
+// The controller's log (debug level: the most it ever says) goes to logFile
+// only, for the canary scan; errors to stderr too.
+func startOperator(t *testing.T, logFile string) {
 	t.Helper()
 	for k, v := range map[string]string{
+		"LOG_OUTPUT_PATHS":        logFile,
+		"LOG_ERROR_OUTPUT_PATHS":  "stderr," + logFile,
 		"KUBECONFIG":              env.Kubeconfig,
 		"DISABLE_LEADER_ELECTION": "true",
 		"METRICS_PORT":            freePort(t),
@@ -56,7 +63,7 @@ func startOperator(t *testing.T) {
 		"PROBE_INTERVAL":          "3s",
 		"BATCH_IDLE_DURATION":     "1s",
 		"BATCH_MAX_DURATION":      "3s",
-		"LOG_LEVEL":               "info",
+		"LOG_LEVEL":               "debug",
 	} {
 		t.Setenv(k, v)
 	}
@@ -162,7 +169,8 @@ func TestKarpenterDrivesHostsThroughEngine(t *testing.T) {
 				Capacity:        corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("2Gi")}},
 		})
 	}
-	startOperator(t)
+	logFile := filepath.Join(t.TempDir(), "controller.log")
+	startOperator(t, logFile)
 
 	// Probes pin host keys and make the pool Available; the node class turns Ready.
 	eventually(t, "hosts Available", 2*time.Minute, func() (bool, string) {
@@ -319,6 +327,155 @@ func TestKarpenterDrivesHostsThroughEngine(t *testing.T) {
 			t.Fatalf("token Secret %s left behind", s.Name)
 		}
 	}
+
+	t.Run("canary", func(t *testing.T) { testCanaryFailedJoin(t, w, logFile) })
+}
+
+// testCanaryFailedJoin: one run, Secret → Create → failed join, then
+// everything the product writes is scanned for the secrets: the join
+// secret's values (a single-line one, and every line of a multi-line PEM)
+// and the bootstrap token, all of which the join script prints on stdout
+// and stderr and puts into its failure. Scanned: the controller's log
+// (debug level), every Event, every SSHHost's, NodeClaim's and
+// SSHNodeClass's status, and the run directories left on tmpfs.
+func testCanaryFailedJoin(t *testing.T, w *hostenv.World, logFile string) {
+	ctx := context.Background()
+	const single = "KPSSH-CANARY-SINGLE-5f3c9a1e77d2"
+	pemLines := []string{"-----BEGIN KPSSH CANARY KEY-----", "Q2FuYXJ5TGluZU9uZS1hOGYzZDIxYw", "Q2FuYXJ5TGluZVR3by05YjdlNDRmMQ", "-----END KPSSH CANARY KEY-----"}
+	pem := strings.Join(pemLines, "\n") + "\n"
+	const failingJoin = `echo "secret: $KPSSH_SECRET_APIKEY"
+printf '%s' "$KPSSH_SECRET_PEM" >&2
+echo "second PEM line: $(printf '%s\n' "$KPSSH_SECRET_PEM" | sed -n 2p)"
+echo "$KPSSH_BOOTSTRAP_TOKEN" > /etc/kpssh-test/canary-token
+echo "token: $KPSSH_BOOTSTRAP_TOKEN" >&2
+echo "join refused: key $KPSSH_SECRET_APIKEY, token $KPSSH_BOOTSTRAP_TOKEN" >&2
+exit 1
+`
+	mustCreate(t,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: poolNS, Name: "canary-join"}, Data: map[string][]byte{"apiKey": []byte(single), "pem": []byte(pem)}},
+		&v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: "canary"}, Spec: v1beta1.SSHJoinProfileSpec{Version: "1",
+			Scripts: &v1beta1.ProfileScripts{Install: "mkdir -p /etc/kpssh-test\n", Join: v1beta1.Script(failingJoin), Leave: leaveScript}}},
+		&v1beta1.SSHNodeClass{ObjectMeta: metav1.ObjectMeta{Name: "canary"}, Spec: v1beta1.SSHNodeClassSpec{
+			JoinProfileRef: v1beta1.ObjectReference{Name: "canary"}, JoinSecretRef: &v1beta1.LocalObjectReference{Name: "canary-join"}}},
+	)
+	never := karpv1.MustParseNillableDuration("Never")
+	mustCreate(t, &karpv1.NodePool{
+		ObjectMeta: metav1.ObjectMeta{Name: "canary"},
+		Spec: karpv1.NodePoolSpec{
+			Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
+				NodeClassRef: &karpv1.NodeClassReference{Group: v1beta1.Group, Kind: "SSHNodeClass", Name: "canary"},
+				Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}}},
+				ExpireAfter:  never,
+			}},
+			Disruption: karpv1.Disruption{ConsolidateAfter: never, ConsolidationPolicy: karpv1.ConsolidationPolicyWhenEmpty},
+		},
+	})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "canary"},
+		Spec: corev1.PodSpec{NodeSelector: map[string]string{karpv1.NodePoolLabelKey: "canary"},
+			Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/pause",
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}}}}}
+	mustCreate(t, pod)
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, LastTransitionTime: metav1.Now()}}
+	if err := env.Client.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	// The failed join: a host's lastPhase says so, and its message is the
+	// script's (redacted) output — the scan below is not of an empty run.
+	var failed *v1beta1.SSHHost
+	eventually(t, "a failed canary join", 4*time.Minute, func() (bool, string) {
+		list := &v1beta1.SSHHostList{}
+		if err := env.Client.List(ctx, list, client.InNamespace(poolNS)); err != nil {
+			return false, err.Error()
+		}
+		var seen []string
+		for i := range list.Items {
+			h := &list.Items[i]
+			if lp := h.Status.LastPhase; lp != nil && lp.Phase == v1beta1.PhaseJoin && lp.Result == v1beta1.PhaseFailed {
+				failed = h
+				return true, ""
+			}
+			seen = append(seen, fmt.Sprintf("%s=%s %+v", h.Name, h.Status.State, h.Status.LastPhase))
+		}
+		return false, strings.Join(seen, "; ")
+	})
+	if m := failed.Status.LastPhase.Message; !strings.Contains(m, "join refused: key ***, token ***") {
+		t.Fatalf("the failed join's message does not carry the script's output (the scan would prove nothing): %q", m)
+	}
+	tok := strings.TrimSpace(w.MustRun(indexOf(t, w, failed.Name), "cat /etc/kpssh-test/canary-token"))
+	id, secret, ok := strings.Cut(tok, ".")
+	if !ok || len(id) != 6 || len(secret) != 16 {
+		t.Fatalf("the join did not see a bootstrap token: %q", tok)
+	}
+	// The whole launch has ended (the NodeClaim event is emitted after the
+	// host's release); then the controller has had its say.
+	eventually(t, "JoinFailed event", time.Minute, func() (bool, string) {
+		evs := &corev1.EventList{}
+		if err := env.Client.List(ctx, evs); err != nil {
+			return false, err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "JoinFailed" && strings.Contains(e.Message, failed.Name) {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d events", len(evs.Items))
+	})
+	time.Sleep(2 * time.Second) // log lines of the release, flushed
+
+	needles := map[string]string{"the single-line join secret": single, "the bootstrap token": tok, "the token's secret": secret}
+	for i, l := range pemLines[1:3] {
+		needles[fmt.Sprintf("PEM line %d", i+2)] = l
+	}
+	scan := func(where, text string) {
+		t.Helper()
+		for what, n := range needles {
+			if strings.Contains(text, n) {
+				i := strings.Index(text, n)
+				t.Errorf("%s holds %s, around: %q", where, what, text[max(0, i-120):min(len(text), i+len(n)+40)])
+			}
+		}
+	}
+	logs, err := os.ReadFile(logFile)
+	if err != nil || len(logs) == 0 {
+		t.Fatalf("controller log %s: %d bytes, %v", logFile, len(logs), err)
+	}
+	if !strings.Contains(string(logs), "launch failed; releasing host") {
+		t.Fatalf("the controller log does not have the failed launch (wrong file?)")
+	}
+	scan("the controller's log", string(logs))
+	evs := &corev1.EventList{}
+	if err := env.Client.List(ctx, evs); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs.Items {
+		scan(fmt.Sprintf("event %s/%s (%s %s)", e.Namespace, e.Name, e.Reason, e.InvolvedObject.Name), e.Message+" "+e.Reason)
+	}
+	for _, l := range []client.ObjectList{&v1beta1.SSHHostList{}, &karpv1.NodeClaimList{}, &v1beta1.SSHNodeClassList{}} {
+		if err := env.Client.List(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scan(fmt.Sprintf("%T", l), string(b))
+	}
+	ents, _ := os.ReadDir("/dev/shm")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "kpssh-"+strconv.Itoa(os.Getpid())+".") || strings.HasPrefix(e.Name(), "kpssh-"+strconv.Itoa(os.Getpid())+"-") {
+			_ = filepath.WalkDir(filepath.Join("/dev/shm", e.Name()), func(p string, d os.DirEntry, err error) error {
+				if err == nil && !d.IsDir() {
+					if b, err := os.ReadFile(p); err == nil {
+						scan("left on tmpfs: "+p, string(b))
+					}
+				}
+				return nil
+			})
+		}
+	}
+	// Stop the retries: the pool goes, the workload goes.
+	_ = env.Client.Delete(ctx, pod)
+	_ = env.Client.Delete(ctx, &karpv1.NodePool{ObjectMeta: metav1.ObjectMeta{Name: "canary"}})
 }
 
 func hostOf(t *testing.T, claim *karpv1.NodeClaim) *v1beta1.SSHHost {
