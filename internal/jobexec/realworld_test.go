@@ -2,6 +2,7 @@ package jobexec_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -139,6 +140,7 @@ type kubelet struct {
 	c          client.Client
 	controller string // the phase-run binary
 	root       string
+	lastLog    []byte // the last pod's output (its log)
 }
 
 // pod waits for the pod the Job controller made for job.
@@ -228,6 +230,7 @@ func (k *kubelet) run(pod *corev1.Pod) {
 		k.t.Fatalf("phase-run: %v\n%s", err, out)
 	}
 	k.t.Logf("phase-run exit %d:\n%s", code, out)
+	k.lastLog = out
 	msg, _ := os.ReadFile(term)
 	if len(msg) > 4096 { // what the kubelet keeps
 		msg = msg[:4096]
@@ -401,6 +404,63 @@ echo "$KPSSH_NODE_NAME $KPSSH_VAR_GREETING" > /root/jobexec-proof
 		}
 		if strings.Contains(res.Message, secret) || strings.Contains(res.Message, "0123456789abcdef") || !strings.Contains(res.Message, "leaking ***") {
 			t.Fatalf("message not redacted as expected: %q", res.Message)
+		}
+	})
+
+	// The canary through the Job executor: a failing phase prints every
+	// secret (a single-line one, each line of a multi-line PEM, the token)
+	// on stdout and stderr; the result, the pod's log and termination
+	// message, the Job and pod as stored and the namespace's events hold
+	// none of them.
+	t.Run("canary", func(t *testing.T) {
+		kl.t = t
+		pemLines := []string{"-----BEGIN KPSSH CANARY KEY-----", "Q2FuYXJ5TGluZU9uZS1qb2JleGVjLTE", "Q2FuYXJ5TGluZVR3by1qb2JleGVjLTI", "-----END KPSSH CANARY KEY-----"}
+		r := req
+		r.Key = "kpssh-system/h1/join/claim-uid-canary"
+		r.Context.Secrets = map[string]string{"API": secret, "PEM": strings.Join(pemLines, "\n") + "\n"}
+		r.Source.Script = `echo "stdout: $KPSSH_SECRET_API $KPSSH_BOOTSTRAP_TOKEN"
+printf '%s' "$KPSSH_SECRET_PEM"
+printf '%s' "$KPSSH_SECRET_PEM" >&2
+echo "line two: $(printf '%s\n' "$KPSSH_SECRET_PEM" | sed -n 2p)" >&2
+echo "stderr: $KPSSH_SECRET_API $KPSSH_BOOTSTRAP_TOKEN" >&2
+exit 4
+`
+		done, job := start(t, ctx, newExec(), env.Client, ns, r)
+		pod := kl.pod(job)
+		kl.run(pod)
+		res := await(t, done)
+		if res.Outcome != engine.Failed || res.RC != 4 || !strings.Contains(res.Message, "stderr: *** ***") {
+			t.Fatalf("the canary phase's result does not carry its redacted output (the scan would prove nothing): %+v", res)
+		}
+		needles := map[string]string{"the join secret": secret, "the token": token, "the token's secret": "0123456789abcdef",
+			"PEM line 2": pemLines[1], "PEM line 3": pemLines[2]}
+		scan := func(where, text string) {
+			t.Helper()
+			for what, n := range needles {
+				if i := strings.Index(text, n); i >= 0 {
+					t.Errorf("%s holds %s, around %q", where, what, text[max(0, i-80):min(len(text), i+len(n)+40)])
+				}
+			}
+		}
+		b, _ := json.Marshal(res)
+		scan("the result", string(b))
+		scan("the pod's log", string(kl.lastLog))
+		var p corev1.Pod
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), &p); err == nil {
+			b, _ := json.Marshal(p)
+			scan("the pod as stored", string(b))
+		}
+		var j batchv1.Job
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(job), &j); err == nil {
+			b, _ := json.Marshal(j)
+			scan("the Job as stored", string(b))
+		}
+		var evs corev1.EventList
+		if err := env.Client.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			scan("event "+e.Reason, e.Message)
 		}
 	})
 
