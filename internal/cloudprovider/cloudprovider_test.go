@@ -278,6 +278,11 @@ func TestCreateHappyPath(t *testing.T) {
 	if !strings.HasPrefix(join.Taints, "karpenter.sh/unregistered:NoExecute,") || !strings.Contains(join.Taints, "dedicated=ssh:NoSchedule") {
 		t.Fatalf("taints %q", join.Taints)
 	}
+	// The chart's anti-affinity keys on it: on the kubelet's own labels
+	// and on the NodeClaim (Karpenter syncs it onto the Node).
+	if !strings.Contains(join.NodeLabels, v1beta1.LabelManaged+"=true") || out.Labels[v1beta1.LabelManaged] != "true" {
+		t.Fatalf("managed label: kubelet labels %q, NodeClaim labels %v", join.NodeLabels, out.Labels)
+	}
 	if !strings.Contains(join.NodeLabels, "karpenter.sh/nodepool=default") || !strings.Contains(join.NodeLabels, "node.kubernetes.io/instance-type=small") {
 		t.Fatalf("labels %q", join.NodeLabels)
 	}

@@ -240,6 +240,9 @@ func NodeLabels(nodeClaim *karpv1.NodeClaim, it *cloudprovider.InstanceType) str
 	for k, v := range nodeClaim.Labels {
 		labels[k] = v
 	}
+	// From the kubelet's first registration on: the chart keeps the
+	// controller off the nodes it manages (a leave would stop it).
+	labels[v1beta1.LabelManaged] = "true"
 	var out []string
 	for k, v := range labels {
 		// The host label is kpssh's to give (JoinContext, Adopt mode): a
@@ -326,6 +329,7 @@ func (c *CloudProvider) hydrate(nodeClaim *karpv1.NodeClaim, h *v1beta1.SSHHost,
 		out.Labels[k] = v
 	}
 	out.Labels[v1beta1.LabelHostClass] = h.Class()
+	out.Labels[v1beta1.LabelManaged] = "true" // Karpenter syncs it onto the Node
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
