@@ -130,7 +130,7 @@ func (c *CloudProvider) profile(ctx context.Context, name string) (*v1beta1.SSHJ
 // shim refused this node class's profile as it still is (a sticky
 // ShimRejection) is listed as not free — its class stays offered, the host
 // is neither counted available nor claimed; only the copy is changed.
-func (c *CloudProvider) classHosts(ctx context.Context, nc *v1beta1.SSHNodeClass) ([]v1beta1.SSHHost, error) {
+func (c *CloudProvider) classHosts(ctx context.Context, nc *v1beta1.SSHNodeClass, live bool) ([]v1beta1.SSHHost, error) {
 	sel := labels.Everything()
 	if nc.Spec.HostSelector != nil {
 		s, err := metav1LabelSelector(nc)
@@ -139,7 +139,11 @@ func (c *CloudProvider) classHosts(ctx context.Context, nc *v1beta1.SSHNodeClass
 		}
 		sel = s
 	}
-	hosts, err := c.Pool.Hosts(ctx, sel)
+	list := c.Pool.Hosts
+	if live {
+		list = c.Pool.LiveHosts
+	}
+	hosts, err := list(ctx, sel)
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +170,12 @@ func (c *CloudProvider) classHosts(ctx context.Context, nc *v1beta1.SSHNodeClass
 // instanceTypes builds the instance types of a node class, cheapest first,
 // with the classes they came from.
 func (c *CloudProvider) instanceTypes(ctx context.Context, nc *v1beta1.SSHNodeClass) ([]*cloudprovider.InstanceType, []v1beta1.SSHHost, error) {
-	hosts, err := c.classHosts(ctx, nc)
+	return c.instanceTypesFrom(ctx, nc, false)
+}
+
+// instanceTypesFrom is instanceTypes from the cache or (live) the API server.
+func (c *CloudProvider) instanceTypesFrom(ctx context.Context, nc *v1beta1.SSHNodeClass, live bool) ([]*cloudprovider.InstanceType, []v1beta1.SSHHost, error) {
+	hosts, err := c.classHosts(ctx, nc, live)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -64,6 +64,14 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		}
 	} else {
 		h, it, err = c.claim(ctx, nodeClaim, its, hosts, claim)
+		if cloudprovider.IsInsufficientCapacityError(err) {
+			// The cache may be behind (a host released a moment ago):
+			// no capacity is an answer read from the API server.
+			if its, hosts, err = c.instanceTypesFrom(ctx, nc, true); err != nil {
+				return nil, cloudprovider.NewCreateError(err, "InstanceTypesFailed", err.Error())
+			}
+			h, it, err = c.claim(ctx, nodeClaim, its, hosts, claim)
+		}
 		if err != nil {
 			return nil, err
 		}

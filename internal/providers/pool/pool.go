@@ -76,14 +76,24 @@ func New(c client.Client, live client.Reader, namespace string) *Pool {
 	return &Pool{Client: c, Live: live, Namespace: namespace, Now: metav1.Now}
 }
 
-// Hosts lists the pool, optionally filtered by a selector.
+// Hosts lists the pool (from the cache), optionally filtered by a selector.
 func (p *Pool) Hosts(ctx context.Context, sel labels.Selector) ([]v1beta1.SSHHost, error) {
+	return p.list(ctx, p.Client, sel)
+}
+
+// LiveHosts is Hosts read from the API server: for a decision the cache may
+// be behind on (a host released a moment ago).
+func (p *Pool) LiveHosts(ctx context.Context, sel labels.Selector) ([]v1beta1.SSHHost, error) {
+	return p.list(ctx, p.Live, sel)
+}
+
+func (p *Pool) list(ctx context.Context, r client.Reader, sel labels.Selector) ([]v1beta1.SSHHost, error) {
 	list := &v1beta1.SSHHostList{}
 	opts := []client.ListOption{client.InNamespace(p.Namespace)}
 	if sel != nil {
 		opts = append(opts, client.MatchingLabelsSelector{Selector: sel})
 	}
-	if err := p.Client.List(ctx, list, opts...); err != nil {
+	if err := r.List(ctx, list, opts...); err != nil {
 		return nil, err
 	}
 	return list.Items, nil
