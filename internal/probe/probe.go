@@ -20,7 +20,7 @@ const DefaultTimeout = 30 * time.Second
 
 // rawCommand prints one key=value line per fact; the `|| true` keeps a host
 // without systemctl (or with kubelet unknown) from failing the whole probe.
-const rawCommand = `echo "nproc=$(nproc)"; echo "memtotal_kb=$(awk '/^MemTotal:/{print $2}' /proc/meminfo)"; echo "arch=$(uname -m)"; echo "kubelet=$(systemctl is-active kubelet 2>/dev/null || true)"`
+const rawCommand = `echo "nproc=$(nproc)"; echo "memtotal_kb=$(awk '/^MemTotal:/{print $2}' /proc/meminfo)"; echo "arch=$(uname -m)"; echo "kubelet=$(systemctl is-active kubelet 2>/dev/null || true)"; echo "kubelet_enabled=$(systemctl is-enabled kubelet 2>/dev/null || true)"`
 
 // ShimCommandPattern is what spec.shimCommand may hold: words of letters,
 // digits and /._+=,@- separated by single spaces ("kpssh-shim",
@@ -69,7 +69,15 @@ type Facts struct {
 	MemoryKiB     int64
 	Arch          string // normalised: amd64, arm64, or the raw uname -m
 	KubeletActive bool
+	// KubeletEnabled: the unit is enabled, so it starts at boot — a host
+	// probed right after power-on, before systemd reached the kubelet, is
+	// not a host without one.
+	KubeletEnabled bool
 }
+
+// KubeletMayRun reports whether a kubelet runs or will start by itself (an
+// unclaimed host with one is a zombie, not Available).
+func (f Facts) KubeletMayRun() bool { return f.KubeletActive || f.KubeletEnabled }
 
 // NormalizeArch maps uname -m to Kubernetes' arch names.
 func NormalizeArch(m string) string {
@@ -94,7 +102,7 @@ func Parse(out string) (Facts, error) {
 			continue
 		}
 		switch k {
-		case "nproc", "memtotal_kb", "arch", "kubelet":
+		case "nproc", "memtotal_kb", "arch", "kubelet", "kubelet_enabled":
 			vals[k] = strings.TrimSpace(v)
 		}
 	}
@@ -114,6 +122,10 @@ func Parse(out string) (Facts, error) {
 	switch vals["kubelet"] {
 	case "active", "activating", "reloading", "deactivating":
 		f.KubeletActive = true
+	}
+	switch vals["kubelet_enabled"] {
+	case "enabled", "enabled-runtime":
+		f.KubeletEnabled = true
 	}
 	return f, nil
 }

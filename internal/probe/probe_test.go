@@ -25,6 +25,10 @@ func TestParse(t *testing.T) {
 		{"order and spaces", "  arch=x86_64 \nkubelet=activating\nmemtotal_kb= 2048\nnproc=1", probe.Facts{CPU: 1, MemoryKiB: 2048, Arch: "amd64", KubeletActive: true}, ""},
 		{"no systemctl", "nproc=1\nmemtotal_kb=2048\narch=x86_64\nkubelet=\n", probe.Facts{CPU: 1, MemoryKiB: 2048, Arch: "amd64"}, ""},
 		{"kubelet unknown", "nproc=1\nmemtotal_kb=2048\narch=x86_64\nkubelet=unknown\n", probe.Facts{CPU: 1, MemoryKiB: 2048, Arch: "amd64"}, ""},
+		// power back on: systemd has not reached the kubelet yet, but it will start it
+		{"enabled, not started yet", "nproc=1\nmemtotal_kb=2048\narch=x86_64\nkubelet=inactive\nkubelet_enabled=enabled\n", probe.Facts{CPU: 1, MemoryKiB: 2048, Arch: "amd64", KubeletEnabled: true}, ""},
+		{"disabled", "nproc=1\nmemtotal_kb=2048\narch=x86_64\nkubelet=inactive\nkubelet_enabled=disabled\n", probe.Facts{CPU: 1, MemoryKiB: 2048, Arch: "amd64"}, ""},
+		{"enabled-runtime", "nproc=1\nmemtotal_kb=2048\narch=x86_64\nkubelet=inactive\nkubelet_enabled=enabled-runtime\n", probe.Facts{CPU: 1, MemoryKiB: 2048, Arch: "amd64", KubeletEnabled: true}, ""},
 		{"missing nproc", "memtotal_kb=2048\narch=x86_64\n", probe.Facts{}, "nproc missing"},
 		{"zero cpus", "nproc=0\nmemtotal_kb=2048\narch=x86_64\n", probe.Facts{}, "nproc"},
 		{"negative memory", "nproc=1\nmemtotal_kb=-5\narch=x86_64\n", probe.Facts{}, "memtotal_kb"},

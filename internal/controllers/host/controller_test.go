@@ -637,3 +637,31 @@ kpssh_pool_hosts{class="default",state="Unhealthy"} 0
 		t.Fatal(err)
 	}
 }
+
+// A host probed right after power-on, before systemd reached the kubelet:
+// inactive but enabled, it will start by itself. An unclaimed host of ours
+// like that is a zombie (leave, then Available), never Available with a
+// kubelet about to start; and a leave that stops but does not disable the
+// kubelet has not left.
+func TestZombieEnabledKubeletNotStartedYet(t *testing.T) {
+	enabled := facts(false)
+	enabled.Facts.KubeletEnabled = true
+	w := newWorld(t, nil, newHost("h1", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "tls-bootstrap@1" }))
+	w.prober.results = []probe.Result{enabled, facts(false)}
+	w.leaver.onRun = func() {
+		if st := w.host(t, "h1").Status.State; st != v1beta1.HostLeaving {
+			t.Errorf("state during leave %s, want Leaving", st)
+		}
+	}
+	w.reconcile(t, "h1")
+	if h := w.host(t, "h1"); h.Status.State != v1beta1.HostAvailable || w.leaver.calls != 1 {
+		t.Fatalf("state %s, leave calls %d: want leave, then Available", h.Status.State, w.leaver.calls)
+	}
+
+	w = newWorld(t, nil, newHost("h1", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "tls-bootstrap@1" }))
+	w.prober.results = []probe.Result{facts(true), enabled}
+	w.reconcile(t, "h1")
+	if h := w.host(t, "h1"); h.Status.State == v1beta1.HostAvailable || !strings.Contains(h.Status.LastProbeError, "still active or enabled") {
+		t.Fatalf("a leave that left the kubelet enabled: state %s (%q)", h.Status.State, h.Status.LastProbeError)
+	}
+}

@@ -51,7 +51,7 @@ func (c *Controller) probe(ctx context.Context, h *v1beta1.SSHHost) (reconcile.R
 		return c.probeFailed(ctx, h, res, creds, err)
 	}
 	probeDuration.WithLabelValues(ProbeSuccess).Observe(c.Clock.Since(start).Seconds())
-	if res.Facts.KubeletActive {
+	if res.Facts.KubeletMayRun() {
 		return c.zombie(ctx, h, creds, res)
 	}
 	if h.CurrentState() == v1beta1.HostLeaving {

@@ -64,8 +64,8 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 		// Verify before deleting the Node: a leave that exits 0 but leaves the
 		// kubelet running would just re-register it.
 		after, leaveErr = c.Prober(ctx, creds.Target(h), h.Spec.ExecMode == v1beta1.ExecModeVerified, h.Spec.ShimCommand, c.Timeout)
-		if leaveErr == nil && after.Facts.KubeletActive {
-			leaveErr = fmt.Errorf("leave exited 0 but kubelet is still active")
+		if leaveErr == nil && after.Facts.KubeletMayRun() {
+			leaveErr = fmt.Errorf("leave exited 0 but kubelet is still active or enabled")
 		}
 	}
 	if leaveErr == nil {
