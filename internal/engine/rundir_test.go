@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -146,16 +147,39 @@ func runChild(t *testing.T, prefix []string, mode, base string) map[string]json.
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	argv := append(append([]string{}, prefix...), os.Args[0], "-test.run=^TestRunDirChild$", "-test.count=1")
+	argv := append(append([]string{}, prefix...), os.Args[0], "-test.run=^TestRunDirChild$", "-test.count=1", "-test.timeout=2m")
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), childEnv+"="+mode+" "+base)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	out, err := cmd.Output()
+	// Bounded: a child gone wrong must not fill the test process's memory.
+	out := &cappedBuffer{max: 1 << 20}
+	cmd.Stdout, cmd.Stderr = out, out
+	err := cmd.Run()
 	if mode != "make" && err != nil {
-		t.Fatalf("child %s: %v\n%s", mode, err, out)
+		t.Fatalf("child %s: %v\n%s", mode, err, out.b.Bytes())
 	}
-	return parseChild(string(out))
+	if out.over {
+		t.Fatalf("child %s wrote more than %d bytes", mode, out.max)
+	}
+	return parseChild(out.b.String())
+}
+
+// cappedBuffer keeps the first max bytes written to it.
+type cappedBuffer struct {
+	b    bytes.Buffer
+	max  int
+	over bool
+}
+
+func (c *cappedBuffer) Write(p []byte) (int, error) {
+	n := len(p)
+	if room := c.max - c.b.Len(); room < n {
+		c.over = true
+		p = p[:max(room, 0)]
+	}
+	c.b.Write(p)
+	return n, nil // the rest is dropped, not refused: the child is not blocked
 }
 
 func parseChild(out string) map[string]json.RawMessage {
@@ -214,7 +238,7 @@ func TestIdleWarmRunnerLeavesWithItsParent(t *testing.T) {
 	base := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestRunDirChild$", "-test.count=1")
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestRunDirChild$", "-test.count=1", "-test.timeout=3m")
 	cmd.Env = append(os.Environ(), childEnv+"=warm "+base)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout, err := cmd.StdoutPipe()
