@@ -264,7 +264,7 @@ func gone(path string) bool {
 func idleWarmRunner(dir string) bool {
 	runner := false
 	for _, p := range processesMentioning(dir) {
-		if cl, err := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline"); err == nil && strings.Contains(string(cl), "kpssh_runner.py") {
+		if cl, err := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline"); err == nil && isWarmRunnerCmdline(cl) {
 			runner = true
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/dklesev/kpssh/internal/sshx"
 )
 
 // DefaultPythonInterpreter is the host's Python for modules (role and task
@@ -75,6 +77,8 @@ type renderConfig struct {
 	// mitogen: the mitogen strategy plugins' directory ("" = off); see
 	// Options.MitogenStrategyPath.
 	mitogen string
+	// noTaskCheck (tests) skips CheckInlineTasks: the sandbox alone.
+	noTaskCheck bool
 }
 
 // bundle is every file of a run, rendered.
@@ -175,7 +179,7 @@ func build(req Request, rc renderConfig) (*bundle, error) {
 	if !req.Phase.Valid() {
 		return nil, fmt.Errorf("unknown phase %q (want install, join, leave or uninstall)", req.Phase)
 	}
-	if err := Validate(req.Phase, req.Source); err != nil {
+	if err := validate(req.Phase, req.Source, !rc.noTaskCheck); err != nil {
 		return nil, err
 	}
 	keyPEM, known, err := checkConnection(req.Conn)
@@ -301,7 +305,21 @@ func tuningLines(rc renderConfig) string {
 	return "transport = ssh\nvars_plugins_enabled =\n"
 }
 
+// inventory is the run's one-host inventory. ssh is told which host-key
+// algorithms to negotiate: those of the pinned key (HostKeyAlgorithms), the
+// only key in the run's known_hosts. A stock host has rsa, ecdsa and
+// ed25519 keys; ssh would otherwise choose by its default order, adjusted
+// by what known_hosts holds — the pin decides, not that heuristic.
+// c.HostKey was checked by checkConnection.
 func inventory(c Connection, rc renderConfig) string {
+	var keyType string
+	if pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(c.HostKey)); err == nil {
+		keyType = pub.Type()
+	}
+	var extra string
+	if algos := sshx.HostKeyAlgorithms(keyType); len(algos) > 0 {
+		extra = "      ansible_ssh_extra_args: " + yq("-o HostKeyAlgorithms="+strings.Join(algos, ",")) + "\n"
+	}
 	return fmt.Sprintf(`all:
   hosts:
     %[1]s:
@@ -311,7 +329,7 @@ func inventory(c Connection, rc renderConfig) string {
       ansible_user: %[3]s
       ansible_ssh_private_key_file: %[4]s
       ansible_python_interpreter: %[5]s
-`, yq(c.Address), connPort(c), yq(connUser(c)), yq(rc.path(fileKey)), yq(rc.python))
+%[6]s`, yq(c.Address), connPort(c), yq(connUser(c)), yq(rc.path(fileKey)), yq(rc.python), extra)
 }
 
 // connectTask is the first task of every play: a no-op command over the

@@ -85,6 +85,13 @@ type Options struct {
 	// Each is an idle Python process (~45 MB private memory) with a run
 	// directory holding only its ansible.cfg.
 	WarmRunners int
+	// Sandbox says when runs must be sandboxed (Landlock, see sandbox.go
+	// and docs/security.md): SandboxAuto (default) or SandboxRequired.
+	Sandbox SandboxMode
+
+	// noSandbox and noTaskCheck (tests): run without the sandbox, without
+	// CheckInlineTasks — to show what each stops alone.
+	noSandbox, noTaskCheck bool
 
 	// legacyConfig and separateConnect (benchmarks): see renderConfig;
 	// slowExit: warm runners exit through the interpreter's own shutdown;
@@ -105,6 +112,15 @@ type Local struct {
 	opts    Options
 	warm    *warmPool // nil: warm runners are off
 	warmOff error     // why they are off
+	// interp and launcher start runner/kpssh_runner.py (warm or cold); both
+	// empty when it cannot be used (launchErr says why).
+	interp     []string
+	launcher   string
+	launchErr  error
+	sandboxErr error // nil: runs are sandboxed
+	// isolationErr: sandboxed, but the run directories are where every
+	// run may read (in /dev/shm)
+	isolationErr error
 }
 
 var _ Engine = (*Local)(nil)
@@ -143,6 +159,9 @@ func New(o Options) (*Local, error) {
 			return nil, err
 		}
 	}
+	if o.Sandbox != SandboxAuto && o.Sandbox != SandboxRequired {
+		return nil, fmt.Errorf("engine: Sandbox %q (want \"\" or %q)", o.Sandbox, SandboxRequired)
+	}
 	if o.Verbosity < 0 || o.Verbosity > 4 {
 		return nil, fmt.Errorf("engine: Verbosity %d out of range (0–4)", o.Verbosity)
 	}
@@ -164,6 +183,7 @@ func New(o Options) (*Local, error) {
 	// Run directories of a crashed process hold secrets: clear them now.
 	_, _ = SweepStale(o.RunDirBase)
 	l := &Local{opts: o}
+	l.initSandbox()
 	l.initWarm()
 	return l, nil
 }
@@ -209,7 +229,7 @@ func (l *Local) renderConfig(dir string, timeout time.Duration) renderConfig {
 		python: l.opts.PythonInterpreter, connectTimeout: l.opts.ConnectTimeout,
 		timeout: timeout, remoteTimeout: !l.opts.NoRemoteTimeout,
 		legacyConfig: l.opts.legacyConfig, separateConnect: l.opts.separateConnect,
-		mitogen: l.opts.MitogenStrategyPath,
+		mitogen: l.opts.MitogenStrategyPath, noTaskCheck: l.opts.noTaskCheck,
 	}
 }
 
@@ -318,7 +338,11 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 	}
 	// Everything that can be checked without a host is checked before any
 	// file or process exists.
-	if _, err := build(req, l.renderConfig("/dev/shm/kpssh-check", timeout)); err != nil {
+	pre, err := build(req, l.renderConfig("/dev/shm/kpssh-check", timeout))
+	if err != nil {
+		return configError(err)
+	}
+	if err := l.checkSandbox(pre.kind); err != nil {
 		return configError(err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -333,7 +357,6 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 	if w != nil {
 		dir = w.dir
 	} else {
-		var err error
 		if dir, err = newRunDir(l.opts.RunDirBase); err != nil {
 			return configError(err)
 		}
@@ -377,6 +400,10 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 		args = append(args, "-"+strings.Repeat("v", l.opts.Verbosity))
 	}
 	args = append(args, dir.join(filePlaybook))
+	launchReq, err := launchRequest(args, req.Conn)
+	if err != nil {
+		return configError(err)
+	}
 
 	if w != nil {
 		// A runner still warming up reads the request when it is ready; one
@@ -388,7 +415,7 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 		case <-time.After(time.Until(deadline)): // garbage-collected once unreferenced (Go ≥ 1.23)
 			return Result{Outcome: TimedOut, ExitCode: -1, Message: fmt.Sprintf("not started: phase timed out after %s", timeout)}
 		}
-		if w.readyOK && w.handOff(args) == nil {
+		if w.readyOK && w.handOff(launchReq) == nil {
 			pr = w
 		} else {
 			w.stop()
@@ -396,8 +423,8 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 		}
 	}
 	if pr == nil {
-		cold := l.newProc(append([]string{l.opts.AnsiblePlaybook}, args...), dir)
-		if err := cold.start(); err != nil {
+		cold, err := l.startCold(args, launchReq, dir)
+		if err != nil {
 			return configError(fmt.Errorf("cannot start ansible-playbook: %w", err))
 		}
 		pr = cold
@@ -479,6 +506,7 @@ func (l *Local) childEnv(dir *runDir) []string {
 		"PYTHONUNBUFFERED=1",
 		"PYTHONNOUSERSITE=1",
 	}
+	env = append(env, l.sandboxEnv()...)
 	if l.opts.Verbosity > 0 {
 		env = append(env, "ANSIBLE_VERBOSE_TO_STDERR=True")
 	}

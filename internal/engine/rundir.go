@@ -75,14 +75,24 @@ func runDirOwner() string {
 // runDir is a private directory for one run.
 type runDir struct{ path string }
 
-// defaultRunBase is /dev/shm when it is a writable directory (tmpfs: secrets
-// never touch a disk), else os.TempDir().
+// defaultRunBase is RunBaseOwn, else /dev/shm, when it is a writable
+// directory (tmpfs: secrets never touch a disk), else os.TempDir().
 func defaultRunBase() string {
+	// a tmpfs of the run directories' own (the chart mounts one): the run
+	// sandbox grants /dev/shm (semaphores) to every run, so directories
+	// there are not hidden from the other runs
+	if fi, err := os.Stat(RunBaseOwn); err == nil && fi.IsDir() && syscall.Access(RunBaseOwn, 2 /* W_OK */) == nil {
+		return RunBaseOwn
+	}
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && syscall.Access("/dev/shm", 2 /* W_OK */) == nil {
 		return "/dev/shm"
 	}
 	return os.TempDir()
 }
+
+// RunBaseOwn is the preferred base of run directories when it exists and
+// is writable (chart: a Memory emptyDir).
+const RunBaseOwn = "/run/kpssh"
 
 // newRunDir creates a 0700 directory under base (or the default base).
 func newRunDir(base string) (*runDir, error) {

@@ -56,7 +56,7 @@ func TestSoakPhaseRuns(t *testing.T) {
 			pidMu.Lock()
 			pids[dir] = pid
 			pidMu.Unlock()
-			if cl, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.Contains(string(cl), "kpssh_runner.py") {
+			if cl, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); isWarmRunnerCmdline(cl) {
 				warmRuns.Add(1)
 			}
 		}
@@ -294,7 +294,7 @@ func TestSoakPhaseRuns(t *testing.T) {
 // directory holds only the runner's ansible.cfg).
 func isIdleWarmProcess(pid int) bool {
 	cl, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || !strings.Contains(string(cl), "kpssh_runner.py") {
+	if err != nil || !isWarmRunnerCmdline(cl) {
 		return false
 	}
 	args := strings.Split(strings.TrimRight(string(cl), "\x00"), "\x00")

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -126,17 +125,13 @@ func (l *Local) initWarm() {
 	if l.opts.NoWarmRunner {
 		return
 	}
-	interp, err := interpreterOf(l.opts.AnsiblePlaybook, l.opts.Path)
-	launcher := filepath.Join(l.opts.CollectionsPath, runnerScript)
-	if err == nil {
-		_, err = os.Stat(launcher)
-	}
-	if err != nil {
-		// Not an error of the engine: runs start ansible-playbook cold.
-		l.warmOff = fmt.Errorf("warm runner off: %w", err)
+	if l.launchErr != nil {
+		// Not an error of the engine: runs start ansible-playbook cold
+		// (and unsandboxed: initSandbox).
+		l.warmOff = fmt.Errorf("warm runner off: %w", l.launchErr)
 		return
 	}
-	l.warm = &warmPool{interp: interp, launcher: launcher}
+	l.warm = &warmPool{interp: l.interp, launcher: l.launcher}
 }
 
 // warmSize is the configured pool size.
@@ -280,13 +275,9 @@ func (l *Local) spawnWarm() (*proc, error) {
 	return w, nil
 }
 
-// handOff gives a warm runner its run: the argv after the program name.
-func (w *proc) handOff(args []string) error {
-	req, err := json.Marshal(args)
-	if err != nil {
-		return err
-	}
-	_, err = w.stdin.Write(append(req, '\n'))
+// handOff gives a warm runner its run: the launch request (launchRequest).
+func (w *proc) handOff(req []byte) error {
+	_, err := w.stdin.Write(req)
 	if cerr := w.stdin.Close(); err == nil {
 		err = cerr
 	}

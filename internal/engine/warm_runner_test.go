@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -123,15 +124,25 @@ func TestDecideConnectInTask(t *testing.T) {
 	}
 }
 
-// warmProcess returns the pid of the idle warm runner in dir (or 0).
+// warmProcess returns the pid of the idle warm runner in dir (or 0): not
+// its cleanup helper (kpssh_runner.py's fork, the same command line, a
+// child of the runner).
 func warmProcess(dir string) int {
-	for _, p := range processesMentioning(dir) {
+	pids := processesMentioning(dir)
+	for _, p := range pids {
 		cl, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/cmdline")
-		if strings.Contains(string(cl), "kpssh_runner.py") {
+		if st, ok := readProcStat(p); isWarmRunnerCmdline(cl) && !(ok && slices.Contains(pids, st.ppid)) {
 			return p
 		}
 	}
 	return 0
+}
+
+// isWarmRunnerCmdline reports whether a /proc cmdline is a warm runner's:
+// the launcher, not in --cold mode (cold runs go through it too).
+func isWarmRunnerCmdline(cl []byte) bool {
+	s := string(cl)
+	return strings.Contains(s, "kpssh_runner.py") && !strings.Contains(s, "\x00--cold\x00")
 }
 
 func pidAlive(pid int) bool { return syscall.Kill(pid, 0) == nil && !isZombie(pid) }
@@ -295,9 +306,12 @@ func TestWarmRunnerBrokenLauncher(t *testing.T) {
 	conn := testConn(t)
 	conn.Address = "192.0.2.1" // unroutable: the run ends at ansible's own parse error
 	req := Request{Phase: PhaseJoin, Conn: conn, Source: Source{Role: "no_such_role_warm"}, Timeout: time.Minute}
+	// Cold runs go through the same launcher (it applies the run sandbox):
+	// a broken launcher is a ConfigError naming its failure, never an
+	// unsandboxed run.
 	for i := 0; i < 2; i++ {
 		r := e.Run(context.Background(), req)
-		if r.Outcome != ConfigError || !strings.Contains(r.Message, "no_such_role_warm") {
+		if r.Outcome != ConfigError || !strings.Contains(r.Message, "no ansible here") || r.Touched {
 			t.Fatalf("run %d: %+v", i, r)
 		}
 	}

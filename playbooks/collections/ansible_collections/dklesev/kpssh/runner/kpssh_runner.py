@@ -3,7 +3,14 @@
 """Pre-warmed ansible-playbook for the kpssh engine (started by the engine,
 never by hand).
 
-    python3 kpssh_runner.py ANSIBLE_PLAYBOOK RUN_DIR
+    python3 kpssh_runner.py [--cold] [--slow-exit] ANSIBLE_PLAYBOOK RUN_DIR
+
+First of all, when the engine asks for it (KPSSH_SANDBOX=1), it applies the
+run sandbox to itself (kpssh_sandbox.py, Landlock: the run sees only the
+system directories, the collection, the roles and its own RUN_DIR; failing
+to apply it is fatal, exit 71) — before ansible is imported, so nothing the
+run starts on the controller is outside it. ``--cold`` (no warm runner
+available): no warm-up and no ready report, the request is read at once.
 
 The engine starts this *ahead* of a run: in the next run's private directory
 (RUN_DIR, the working directory), in its own process group, with the run's
@@ -15,8 +22,9 @@ ansible reads while it is imported). It
    table, the connection/shell/become/callback plugins): the part of a run
    that does not depend on the run;
 2. writes ``R`` to fd 3 and closes it (ready);
-3. blocks on stdin. The engine writes the run's arguments (a JSON list of
-   strings, paths only: never a secret) and closes stdin. Stdin closed with
+3. blocks on stdin. The engine writes the run's request (JSON: ``argv``,
+   the arguments, paths only: never a secret; ``tcp``, the ports the run
+   may connect to — a second sandbox layer, applied now) and closes stdin. Stdin closed with
    nothing on it means "not needed": exit 0;
 4. points stdin at /dev/null and runs the ansible-playbook entry script
    ANSIBLE_PLAYBOOK exactly as the interpreter would (``sys.argv``,
@@ -47,6 +55,8 @@ import runpy
 import shutil
 import signal
 import sys
+
+import kpssh_sandbox as _sandbox
 
 READY_FD = 3
 MAX_REQUEST = 64 * 1024
@@ -83,6 +93,56 @@ def _idle_until_run(run_dir):
     if os.getppid() != ppid:  # died before the signal was armed
         leave()
     return ppid, leave
+
+
+def _gone(pid, within=2.0):
+    """Whether pid has exited (a zombie counts: its parent died with it
+    unreaped), waiting up to within seconds: the runner's parent-death
+    signal comes as the parent dies."""
+    import time
+    end = time.monotonic() + within
+    while True:
+        try:
+            with open('/proc/%d/stat' % pid) as f:
+                state = f.read().rsplit(')', 1)[1].split()[0]
+            if state in ('Z', 'X'):
+                return True
+        except (OSError, IndexError):
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.05)
+
+
+def _cleanup_helper(run_dir):
+    """Fork, before the sandbox, the one process that may remove run_dir
+    itself (sandboxed, the runner may empty it but not unlink it from its
+    parent). The helper holds only the read end of a pipe: EOF without a
+    byte (the runner ended without a run: its parent died, stdin closed
+    empty, warm-up failed) removes run_dir; a byte (the hand-off: the
+    directory is the engine's from then on) makes it exit. Returns the write
+    end (not inherited by the run). While the engine (the runner's parent)
+    lives, the directory is its to remove (it may start a cold run in it
+    after a failed warm-up): the helper removes it only once the engine is
+    gone."""
+    engine = os.getppid()
+    r, w = os.pipe()
+    if os.fork() == 0:
+        try:
+            os.close(w)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, r)
+            os.closerange(r + 1, 1024)
+            # the runner's death closes the pipe; SIGTERM/SIGKILL of the run's
+            # process group ends this too (the engine removes the directory)
+            if not os.read(r, 1) and _gone(engine):
+                shutil.rmtree(run_dir, ignore_errors=True)
+        finally:
+            os._exit(0)
+    os.close(r)
+    return w
 
 
 def _warm():
@@ -132,9 +192,14 @@ def _read_request():
         args = json.loads(data.decode('utf-8'))
     except ValueError as e:
         _fail('bad request: %s' % e)
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        _fail('bad request: want a JSON list of strings')
-    return args
+    if not isinstance(args, dict):
+        _fail('bad request: want a JSON object {argv, tcp}')
+    argv, tcp = args.get('argv'), args.get('tcp', [])
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        _fail('bad request: argv must be a list of strings')
+    if not isinstance(tcp, list) or not all(isinstance(p, int) and 0 < p < 65536 for p in tcp):
+        _fail('bad request: tcp must be a list of ports')
+    return argv, tcp
 
 
 def _exit_code(e):
@@ -175,40 +240,74 @@ def _run(playbook_bin, args, slow_exit):
     os._exit(code)
 
 
+def _sandbox_fail(e):
+    sys.stderr.write('kpssh sandbox: %s\n' % (e,))
+    sys.stderr.flush()
+    os._exit(_sandbox.EXIT_SANDBOX)
+
+
 def main():
     argv = sys.argv[1:]
+    cold = argv[:1] == ['--cold']
+    if cold:
+        argv = argv[1:]
     slow_exit = argv[:1] == ['--slow-exit']
     if slow_exit:
         argv = argv[1:]
     if len(argv) != 2:
-        _fail('usage: kpssh_runner.py [--slow-exit] ANSIBLE_PLAYBOOK RUN_DIR')
+        _fail('usage: kpssh_runner.py [--cold] [--slow-exit] ANSIBLE_PLAYBOOK RUN_DIR')
     playbook_bin, run_dir = argv
     if os.path.realpath(os.getcwd()) != os.path.realpath(run_dir):
         _fail('not started in its run directory')
-    ppid, leave = _idle_until_run(run_dir)
+    # Before anything else (single-threaded, nothing of ansible imported).
+    helper = None
+    if not cold and os.environ.get('KPSSH_SANDBOX') == '1':
+        helper = _cleanup_helper(run_dir)
+    try:
+        sandboxed = _sandbox.from_env(run_dir)
+    except _sandbox.SandboxError as e:
+        _sandbox_fail(e)
+    if cold:
+        ppid = os.getppid()
+    else:
+        ppid, leave = _idle_until_run(run_dir)
     # As if the entry script had been run: its directory first on sys.path,
     # not this file's.
     sys.path[0] = os.path.dirname(playbook_bin)
-    try:
-        _warm()
-    except BaseException as e:  # the engine reads stderr's tail if it cares
-        _fail('warm-up failed: %r' % (e,))
-    try:
-        os.write(READY_FD, b'R')
-        os.close(READY_FD)
-    except OSError:
-        pass  # nobody waits for readiness
+    if not cold:
+        try:
+            _warm()
+        except BaseException as e:  # the engine reads stderr's tail if it cares
+            _fail('warm-up failed: %r' % (e,))
+        try:
+            os.write(READY_FD, b'R')
+            os.close(READY_FD)
+        except OSError:
+            pass  # nobody waits for readiness
 
-    args = _read_request()
-    if args is None:
+    req = _read_request()
+    if req is None:
+        if cold:
+            _fail('no request')
         leave()
-    # The run's directory is the engine's from here (its secrets are written
-    # before the request): die with the parent as a cold run would.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _parent_death_signal(signal.SIGKILL)
-    if os.getppid() != ppid:  # nobody is left to run it or clean up after it
-        shutil.rmtree(run_dir, ignore_errors=True)
-        os._exit(137)
+    args, tcp = req
+    if helper is not None:
+        os.write(helper, b'H')  # handed off: the helper leaves the directory be
+        os.close(helper)
+    if sandboxed:
+        try:
+            _sandbox.restrict_tcp(tcp)
+        except _sandbox.SandboxError as e:
+            _sandbox_fail(e)
+    if not cold:
+        # The run's directory is the engine's from here (its secrets are
+        # written before the request): die with the parent as a cold run
+        # would.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _parent_death_signal(signal.SIGKILL)
+        if os.getppid() != ppid:  # nobody is left to run it or clean up after it
+            shutil.rmtree(run_dir, ignore_errors=True)
+            os._exit(137)
     fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(fd, 0)
     os.close(fd)
