@@ -10,9 +10,10 @@ import (
 // FetchHostKey returns the host's public-key line ("ssh-ed25519 AAAA…") for
 // Connection.HostKey. Status stores only the SHA256 fingerprint, but
 // known_hosts needs the key itself: this dials with the fingerprint pinned
-// (sshx.Dial aborts the handshake on a mismatch with a
-// *sshx.HostKeyMismatchError, before any session) and returns the key the
-// handshake verified. conn.HostKey is ignored; fingerprint is required (no
+// (sshx.Dial accepts whichever of the host's keys has it, of any type, and
+// aborts with a *sshx.HostKeyMismatchError, before any session, when none
+// has) and returns the key the handshake verified: the one key the run's
+// known_hosts holds and whose type its ssh negotiates. conn.HostKey is ignored; fingerprint is required (no
 // trust on first use here — the probe pins).
 func FetchHostKey(ctx context.Context, conn Connection, fingerprint string) (string, error) {
 	if fingerprint == "" {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -29,8 +30,10 @@ type Target struct {
 	User    string
 	// PrivateKey is the PEM key from the host's Secret (never logged).
 	PrivateKey []byte
-	// ExpectedFingerprint pins the host key ("SHA256:…"). Empty means trust on
-	// first use: the handshake accepts any key and reports it.
+	// ExpectedFingerprint pins the host key ("SHA256:…"): any of the host's
+	// keys with this fingerprint is accepted, whatever its type (see Dial).
+	// Empty means trust on first use: the host's key of the first type in
+	// HostKeyTypes it has is accepted and reported.
 	ExpectedFingerprint string
 	// HandshakeTimeout overrides DefaultHandshakeTimeout (tests).
 	HandshakeTimeout time.Duration
@@ -47,9 +50,12 @@ type Conn struct {
 	stop    func() bool
 }
 
-// Dial connects and authenticates. A host key that differs from
-// ExpectedFingerprint aborts the handshake before any session exists and
-// returns a *HostKeyMismatchError. The connection is closed when ctx ends.
+// Dial connects and authenticates. With ExpectedFingerprint set it accepts
+// whichever of the host's keys has that fingerprint, whatever its type; a
+// host none of whose keys has it is refused before any session exists (a
+// *HostKeyMismatchError naming them all). Without it (trust on first use)
+// the host's key of the first type in HostKeyTypes is taken — the one
+// OpenSSH's ssh(1) takes too. The connection is closed when ctx ends.
 func Dial(ctx context.Context, t Target) (*Conn, error) {
 	signer, err := ssh.ParsePrivateKey(t.PrivateKey)
 	if err != nil {
@@ -73,15 +79,54 @@ func Dial(ctx context.Context, t Target) (*Conn, error) {
 		user = "root"
 	}
 	addr := net.JoinHostPort(t.Address, strconv.Itoa(int(port)))
+	auth := []ssh.AuthMethod{ssh.PublicKeys(signer)}
 
+	// A host has several keys (a stock install: rsa, ecdsa, ed25519) and
+	// shows one per handshake, the first of the client's host-key
+	// algorithms it has. Offer every key type (the pin's remembered type
+	// first); while the key shown is not the pinned one, ask again without
+	// its type. A host without another key type ends it (no common host-key
+	// algorithm): a mismatch naming every key the host showed.
+	types := hostKeyOrder(t.ExpectedFingerprint)
+	var shown []ssh.PublicKey
+	for {
+		c, key, err := handshake(ctx, addr, user, auth, algorithmsOf(types), t.ExpectedFingerprint, timeout)
+		var mm *HostKeyMismatchError
+		var ne *ssh.AlgorithmNegotiationError
+		switch {
+		case err == nil:
+			rememberKeyType(t.ExpectedFingerprint, key.Type())
+			conn := &Conn{client: c, Fingerprint: Fingerprint(key), HostKey: PublicKeyLine(key)}
+			conn.stop = context.AfterFunc(ctx, func() { _ = conn.client.Close() })
+			return conn, nil
+		case errors.As(err, &mm):
+			shown = append(shown, key)
+			types = slices.DeleteFunc(types, func(kt string) bool { return kt == key.Type() })
+			if len(types) == 0 {
+				return nil, mismatch(t.ExpectedFingerprint, shown)
+			}
+		case len(shown) > 0 && errors.As(err, &ne) && ne.What == "host key":
+			return nil, mismatch(t.ExpectedFingerprint, shown)
+		default:
+			return nil, err
+		}
+	}
+}
+
+// handshake dials addr and runs one SSH handshake offering the host-key
+// algorithms algos. It returns the key the host presented, also on a
+// *HostKeyMismatchError (a key that is not expected, when expected is set:
+// the handshake ends there, before authentication).
+func handshake(ctx context.Context, addr, user string, auth []ssh.AuthMethod, algos []string, expected string, timeout time.Duration) (*ssh.Client, ssh.PublicKey, error) {
 	var got ssh.PublicKey
 	cfg := &ssh.ClientConfig{
-		User: user,
-		Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		User:              user,
+		Auth:              auth,
+		HostKeyAlgorithms: algos,
 		HostKeyCallback: func(_ string, _ net.Addr, key ssh.PublicKey) error {
 			got = key
-			if fp := Fingerprint(key); t.ExpectedFingerprint != "" && fp != t.ExpectedFingerprint {
-				return &HostKeyMismatchError{Expected: t.ExpectedFingerprint, Got: fp}
+			if fp := Fingerprint(key); expected != "" && fp != expected {
+				return &HostKeyMismatchError{Expected: expected, Got: fp}
 			}
 			return nil
 		},
@@ -93,7 +138,7 @@ func Dial(ctx context.Context, t Target) (*Conn, error) {
 	d := net.Dialer{Timeout: timeout}
 	raw, err := d.DialContext(hsCtx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
 	// The handshake has no context of its own: a deadline on the socket and a
 	// watcher that closes it bound it against a peer that never answers.
@@ -105,18 +150,16 @@ func Dial(ctx context.Context, t Target) (*Conn, error) {
 		_ = raw.Close()
 		var mm *HostKeyMismatchError
 		if errors.As(err, &mm) {
-			return nil, mm
+			return nil, got, mm
 		}
 		var ne net.Error
 		if !stopped || hsCtx.Err() != nil || errors.As(err, &ne) && ne.Timeout() {
-			return nil, fmt.Errorf("ssh handshake with %s: no answer within %s: %w", addr, timeout, context.DeadlineExceeded)
+			return nil, nil, fmt.Errorf("ssh handshake with %s: no answer within %s: %w", addr, timeout, context.DeadlineExceeded)
 		}
-		return nil, fmt.Errorf("ssh handshake with %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("ssh handshake with %s: %w", addr, err)
 	}
 	_ = raw.SetDeadline(time.Time{})
-	conn := &Conn{client: ssh.NewClient(c, chans, reqs), Fingerprint: Fingerprint(got), HostKey: PublicKeyLine(got)}
-	conn.stop = context.AfterFunc(ctx, func() { _ = conn.client.Close() })
-	return conn, nil
+	return ssh.NewClient(c, chans, reqs), got, nil
 }
 
 // Close ends the connection.

@@ -600,3 +600,31 @@ func (w *world) stopWatchdog() {
 		w.watchdogPipe = nil
 	}
 }
+
+// StockHostKeys gives host i the host keys of a fresh Debian install — rsa,
+// ecdsa and ed25519 (`ssh-keygen -A` keeps the world's ed25519 key and adds
+// the others; an sshd drop-in serves them all) — restarts sshd and returns
+// the public-key lines ("<type> <base64>") by key type: "ssh-rsa",
+// "ecdsa-sha2-nistp256", "ssh-ed25519". Opt-in for tests of host-key
+// negotiation: a default world's hosts serve one ed25519 key, and Wipe gives
+// the host that single key back. Host(i).HostKey stays the ed25519 key.
+func (w *World) StockHostKeys(i int) map[string]string {
+	w.t.Helper()
+	out := w.MustRun(i, `set -e
+ssh-keygen -A >/dev/null
+printf 'HostKey /etc/ssh/ssh_host_rsa_key\nHostKey /etc/ssh/ssh_host_ecdsa_key\nHostKey /etc/ssh/ssh_host_ed25519_key\n' >/etc/ssh/sshd_config.d/20-kpssh-stock-hostkeys.conf
+sshd -t
+systemctl restart ssh.service
+for _ in $(seq 100); do ss -Hltn 'sport = :22' | grep -q . && break; sleep 0.1; done
+for t in rsa ecdsa ed25519; do cut -d' ' -f1,2 /etc/ssh/ssh_host_${t}_key.pub; done`)
+	keys := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			keys[f[0]] = line
+		}
+	}
+	if len(keys) != 3 {
+		w.t.Fatalf("hostenv: host %s: want rsa, ecdsa and ed25519 host keys, got %q", w.Host(i).Name, out)
+	}
+	return keys
+}

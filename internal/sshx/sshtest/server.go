@@ -3,8 +3,12 @@
 package sshtest
 
 import (
+	"crypto"
+	"crypto/ecdsa"
 	"crypto/ed25519"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"encoding/binary"
 	"encoding/pem"
 	"io"
@@ -23,13 +27,15 @@ type Server struct {
 	Addr      string
 	Host      string
 	Port      int32
-	HostKey   ssh.PublicKey
-	ClientKey []byte // PEM private key the server accepts
+	HostKey   ssh.PublicKey   // the first of HostKeys
+	HostKeys  []ssh.PublicKey // every host key the server offers
+	ClientKey []byte          // PEM private key the server accepts
 	handler   Handler
 	ln        net.Listener
 	mu        sync.Mutex
 	Commands  []string
 	conns     map[net.Conn]struct{}
+	accepted  int
 	wg        sync.WaitGroup
 }
 
@@ -51,10 +57,50 @@ func NewKey(t testing.TB) (ssh.Signer, []byte) {
 	return s, pem.EncodeToMemory(blk)
 }
 
-// Start runs a server on loopback until the test ends.
+// NewHostKey returns a new key of keyType: ssh.KeyAlgoED25519,
+// ssh.KeyAlgoECDSA256/384/521 or ssh.KeyAlgoRSA (2048 bits).
+func NewHostKey(t testing.TB, keyType string) ssh.Signer {
+	t.Helper()
+	var priv crypto.Signer
+	var err error
+	switch keyType {
+	case ssh.KeyAlgoED25519:
+		s, _ := NewKey(t)
+		return s
+	case ssh.KeyAlgoECDSA256:
+		priv, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	case ssh.KeyAlgoECDSA384:
+		priv, err = ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	case ssh.KeyAlgoECDSA521:
+		priv, err = ecdsa.GenerateKey(elliptic.P521(), rand.Reader)
+	case ssh.KeyAlgoRSA:
+		priv, err = rsa.GenerateKey(rand.Reader, 2048)
+	default:
+		t.Fatalf("sshtest: no key type %q", keyType)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ssh.NewSignerFromSigner(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Start runs a server on loopback until the test ends, with one ed25519
+// host key.
 func Start(t testing.TB, h Handler) *Server {
 	t.Helper()
 	hostSigner, _ := NewKey(t)
+	return StartWithHostKeys(t, h, hostSigner)
+}
+
+// StartWithHostKeys is Start with these host keys (a stock host: rsa, ecdsa
+// and ed25519). A client is shown the one of the first host-key algorithm
+// it lists that the server has.
+func StartWithHostKeys(t testing.TB, h Handler, hostKeys ...ssh.Signer) *Server {
+	t.Helper()
 	clientSigner, clientPEM := NewKey(t)
 	cfg := &ssh.ServerConfig{
 		PublicKeyCallback: func(_ ssh.ConnMetadata, k ssh.PublicKey) (*ssh.Permissions, error) {
@@ -64,13 +110,17 @@ func Start(t testing.TB, h Handler) *Server {
 			return nil, errUnauthorized
 		},
 	}
-	cfg.AddHostKey(hostSigner)
+	var pubs []ssh.PublicKey
+	for _, k := range hostKeys {
+		cfg.AddHostKey(k)
+		pubs = append(pubs, k.PublicKey())
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := &Server{Addr: ln.Addr().String(), Host: "127.0.0.1", Port: int32(ln.Addr().(*net.TCPAddr).Port),
-		HostKey: hostSigner.PublicKey(), ClientKey: clientPEM, handler: h, ln: ln, conns: map[net.Conn]struct{}{}}
+		HostKey: pubs[0], HostKeys: pubs, ClientKey: clientPEM, handler: h, ln: ln, conns: map[net.Conn]struct{}{}}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -81,6 +131,7 @@ func Start(t testing.TB, h Handler) *Server {
 			}
 			s.mu.Lock()
 			s.conns[c] = struct{}{}
+			s.accepted++
 			s.mu.Unlock()
 			s.wg.Add(1)
 			go func() {
@@ -111,6 +162,14 @@ type authErr string
 func (e authErr) Error() string { return string(e) }
 
 const errUnauthorized = authErr("unauthorized")
+
+// Connections counts the TCP connections accepted so far (one per client
+// handshake).
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.accepted
+}
 
 // Executed returns the commands run so far.
 func (s *Server) Executed() []string {
