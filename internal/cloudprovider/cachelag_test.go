@@ -5,9 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/kubernetes/scheme"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
@@ -19,7 +22,14 @@ import (
 // what the API server says (a live re-list), not from the lagging cache.
 func TestCreateRelistsLiveBeforeNoCapacity(t *testing.T) {
 	ctx := context.Background()
-	base := fakeAPIServer().
+	base := fake.NewClientBuilder().WithScheme(scheme.Scheme).
+		WithStatusSubresource(&v1beta1.SSHHost{}, &v1beta1.SSHNodeClass{}, &karpv1.NodeClaim{}).
+		WithIndex(&v1beta1.SSHHost{}, v1beta1.FieldClaimUID, func(o client.Object) []string {
+			if r := o.(*v1beta1.SSHHost).Status.ClaimRef; r != nil {
+				return []string{string(r.UID)}
+			}
+			return []string{""}
+		}).
 		WithObjects(standard(newHost("h1", "small", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "prof@2" }))...).Build()
 	lagging := true
 	// The "cache": every host list still shows the leave in progress.
