@@ -105,7 +105,7 @@ func TestRunDirChild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := d.write(fileKey, []byte("-----BEGIN OPENSSH PRIVATE KEY----- canary")); err != nil {
+		if err := d.write(fileKey, []byte("kpssh-canary-ssh-key-material")); err != nil {
 			t.Fatal(err)
 		}
 		out("dir", d.path)
