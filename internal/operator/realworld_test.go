@@ -88,6 +88,38 @@ func startOperator(t *testing.T, logFile string) {
 	})
 }
 
+// nodePool is a NodePool of on-demand nodes of SSHNodeClass class that
+// Karpenter never expires or consolidates on its own.
+func nodePool(name, class string) *karpv1.NodePool {
+	never := karpv1.MustParseNillableDuration("Never")
+	return &karpv1.NodePool{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: karpv1.NodePoolSpec{
+			Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
+				NodeClassRef: &karpv1.NodeClassReference{Group: v1beta1.Group, Kind: "SSHNodeClass", Name: class},
+				Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}}},
+				ExpireAfter:  never,
+			}},
+			Disruption: karpv1.Disruption{ConsolidateAfter: never, ConsolidationPolicy: karpv1.ConsolidationPolicyWhenEmpty},
+		},
+	}
+}
+
+// pendingPod creates a pod asking for 500m CPU and marks it unschedulable,
+// as kube-scheduler (not in envtest) would: Karpenter's provisioner takes it.
+func pendingPod(t *testing.T, name string, nodeSelector map[string]string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.PodSpec{NodeSelector: nodeSelector, Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/pause",
+			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}}}}}
+	mustCreate(t, pod)
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, LastTransitionTime: metav1.Now()}}
+	if err := env.Client.Status().Update(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
 func mustCreate(t *testing.T, objs ...client.Object) {
 	t.Helper()
 	for _, o := range objs {
@@ -196,27 +228,8 @@ func TestKarpenterDrivesHostsThroughEngine(t *testing.T) {
 		return c != nil && c.IsTrue(), fmt.Sprintf("%+v", c)
 	})
 
-	never := karpv1.MustParseNillableDuration("Never")
-	mustCreate(t, &karpv1.NodePool{
-		ObjectMeta: metav1.ObjectMeta{Name: "ssh"},
-		Spec: karpv1.NodePoolSpec{
-			Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
-				NodeClassRef: &karpv1.NodeClassReference{Group: v1beta1.Group, Kind: "SSHNodeClass", Name: "pool"},
-				Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}}},
-				ExpireAfter:  never,
-			}},
-			Disruption: karpv1.Disruption{ConsolidateAfter: never, ConsolidationPolicy: karpv1.ConsolidationPolicyWhenEmpty},
-		},
-	})
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "workload"},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/pause",
-			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}}}}}
-	mustCreate(t, pod)
-	// No kube-scheduler in envtest: mark the pod unschedulable as it would.
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, LastTransitionTime: metav1.Now()}}
-	if err := env.Client.Status().Update(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
+	mustCreate(t, nodePool("ssh", "pool"))
+	pod := pendingPod(t, "workload", nil)
 
 	var claim *karpv1.NodeClaim
 	eventually(t, "NodeClaim launched", 4*time.Minute, func() (bool, string) {
@@ -358,27 +371,8 @@ exit 1
 		&v1beta1.SSHNodeClass{ObjectMeta: metav1.ObjectMeta{Name: "canary"}, Spec: v1beta1.SSHNodeClassSpec{
 			JoinProfileRef: v1beta1.ObjectReference{Name: "canary"}, JoinSecretRef: &v1beta1.LocalObjectReference{Name: "canary-join"}}},
 	)
-	never := karpv1.MustParseNillableDuration("Never")
-	mustCreate(t, &karpv1.NodePool{
-		ObjectMeta: metav1.ObjectMeta{Name: "canary"},
-		Spec: karpv1.NodePoolSpec{
-			Template: karpv1.NodeClaimTemplate{Spec: karpv1.NodeClaimTemplateSpec{
-				NodeClassRef: &karpv1.NodeClassReference{Group: v1beta1.Group, Kind: "SSHNodeClass", Name: "canary"},
-				Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}}},
-				ExpireAfter:  never,
-			}},
-			Disruption: karpv1.Disruption{ConsolidateAfter: never, ConsolidationPolicy: karpv1.ConsolidationPolicyWhenEmpty},
-		},
-	})
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "canary"},
-		Spec: corev1.PodSpec{NodeSelector: map[string]string{karpv1.NodePoolLabelKey: "canary"},
-			Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/pause",
-				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}}}}}
-	mustCreate(t, pod)
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, LastTransitionTime: metav1.Now()}}
-	if err := env.Client.Status().Update(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
+	mustCreate(t, nodePool("canary", "canary"))
+	pod := pendingPod(t, "canary", map[string]string{karpv1.NodePoolLabelKey: "canary"})
 	// The failed join: a host's lastPhase says so, and its message is the
 	// script's (redacted) output — the scan below is not of an empty run.
 	var failed *v1beta1.SSHHost
