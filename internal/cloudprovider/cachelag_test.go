@@ -5,12 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes/scheme"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
@@ -22,15 +19,7 @@ import (
 // what the API server says (a live re-list), not from the lagging cache.
 func TestCreateRelistsLiveBeforeNoCapacity(t *testing.T) {
 	ctx := context.Background()
-	base := fake.NewClientBuilder().WithScheme(scheme.Scheme).
-		WithStatusSubresource(&v1beta1.SSHHost{}, &v1beta1.SSHNodeClass{}, &karpv1.NodeClaim{}).
-		WithIndex(&v1beta1.SSHHost{}, v1beta1.FieldClaimUID, func(o client.Object) []string {
-			if r := o.(*v1beta1.SSHHost).Status.ClaimRef; r != nil {
-				return []string{string(r.UID)}
-			}
-			return []string{""}
-		}).
-		WithObjects(standard(newHost("h1", "small", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "prof@2" }))...).Build()
+	base := fakeClient(standard(newHost("h1", "small", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "prof@2" }))...).Build()
 	lagging := true
 	// The "cache": every host list still shows the leave in progress.
 	cached := interceptor.NewClient(base, interceptor.Funcs{List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {

@@ -215,7 +215,17 @@ func newWorld(t *testing.T, funcs *interceptor.Funcs, objs ...client.Object) *wo
 		}
 		return c.SubResource(sub).Patch(ctx, o, p, opts...)
 	}
-	w.c = fake.NewClientBuilder().WithScheme(scheme.Scheme).
+	w.c = fakeClient(objs...).WithInterceptorFuncs(f).Build()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	w.cp = New(w.c, w.c, ns, w.ph, w.tok, w.rec, clk)
+	w.cp.Cluster = fakeCluster{}
+	return w
+}
+
+// fakeClient is the API the cloud provider's tests run on: status
+// subresources and the claim-UID field index as the real apiserver has them.
+func fakeClient(objs ...client.Object) *fake.ClientBuilder {
+	return fake.NewClientBuilder().WithScheme(scheme.Scheme).
 		WithStatusSubresource(&v1beta1.SSHHost{}, &v1beta1.SSHNodeClass{}, &karpv1.NodeClaim{}).
 		WithIndex(&v1beta1.SSHHost{}, v1beta1.FieldClaimUID, func(o client.Object) []string {
 			if r := o.(*v1beta1.SSHHost).Status.ClaimRef; r != nil {
@@ -223,11 +233,7 @@ func newWorld(t *testing.T, funcs *interceptor.Funcs, objs ...client.Object) *wo
 			}
 			return []string{""}
 		}).
-		WithObjects(objs...).WithInterceptorFuncs(f).Build()
-	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
-	w.cp = New(w.c, w.c, ns, w.ph, w.tok, w.rec, clk)
-	w.cp.Cluster = fakeCluster{}
-	return w
+		WithObjects(objs...)
 }
 
 func (w *world) host(t *testing.T, name string) *v1beta1.SSHHost {
