@@ -319,6 +319,12 @@ func (h *SSHHost) SetState(s HostState, msg string, now metav1.Time) {
 		cond.Status, cond.Reason = metav1.ConditionUnknown, ReasonAwaitingProbe
 	}
 	cond.Message = msg
+	h.setCondition(cond)
+}
+
+// setCondition replaces the condition of cond's type (keeping its
+// transition time while the status is unchanged) or appends it.
+func (h *SSHHost) setCondition(cond status.Condition) {
 	for i, c := range h.Status.Conditions {
 		if c.Type != cond.Type {
 			continue
@@ -360,14 +366,5 @@ func (h *SSHHost) SetShimRejection(r *ShimRejection, now metav1.Time) {
 		LastTransitionTime: now, Reason: ShimRejectionReason(r.RC),
 		Message: fmt.Sprintf("the shim refused %s (rc %d): %s; node class %s does not claim this host until it, its profile %s or this host's spec changes",
 			r.Phase, r.RC, r.Message, r.NodeClass, r.Profile)}
-	for i, c := range h.Status.Conditions {
-		if c.Type == ConditionShimRejected {
-			if c.Status == cond.Status {
-				cond.LastTransitionTime = c.LastTransitionTime
-			}
-			h.Status.Conditions[i] = cond
-			return
-		}
-	}
-	h.Status.Conditions = append(h.Status.Conditions, cond)
+	h.setCondition(cond)
 }
