@@ -197,6 +197,29 @@ type SSHHostStatus struct {
 	// launch clears it. Condition ShimRejected mirrors it.
 	// +optional
 	ShimRejection *ShimRejection `json:"shimRejection,omitempty"`
+	// Machine is the host's identity as the pool compares hosts: its
+	// address and port and its node address, normalised. The host
+	// controller writes it from the spec before the host is first probed
+	// and after each spec change; a host whose Machine is not its spec's is
+	// not claimed. The claim path finds the other hosts of a machine by it
+	// (selectable fields status.machine.address, status.machine.nodeAddress).
+	// +optional
+	Machine *MachineIdentity `json:"machine,omitempty"`
+}
+
+// MachineIdentity identifies the machine an SSHHost reaches. Two hosts with
+// the same Address, or the same non-empty NodeAddress, are one machine.
+type MachineIdentity struct {
+	// Address is spec.address normalised (an IP in canonical form, a DNS
+	// name in lowercase) with spec.port: "[2001:db8::1]:22", "node1.example:2222".
+	// +kubebuilder:validation:MaxLength=270
+	Address string `json:"address"`
+	// NodeAddress is the node address as an IP in canonical form
+	// (spec.nodeAddress, else spec.address when it is an IP); empty when
+	// there is none.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	NodeAddress string `json:"nodeAddress,omitempty"`
 }
 
 // ShimRejection records what a Verified host's shim refused, and the
@@ -248,6 +271,8 @@ const ConditionShimRejected = "ShimRejected"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:selectablefield:JSONPath=`.status.claimRef.uid`
+// +kubebuilder:selectablefield:JSONPath=`.status.machine.address`
+// +kubebuilder:selectablefield:JSONPath=`.status.machine.nodeAddress`
 type SSHHost struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -260,6 +285,13 @@ type SSHHost struct {
 // live, consistent "which host does this NodeClaim hold" that returns one
 // object instead of the whole pool.
 const FieldClaimUID = "status.claimRef.uid"
+
+// FieldMachineAddress and FieldMachineNodeAddress select hosts by their
+// status.machine: a live read of a machine's hosts, not of the pool.
+const (
+	FieldMachineAddress     = "status.machine.address"
+	FieldMachineNodeAddress = "status.machine.nodeAddress"
+)
 
 // SSHHostList is a list of SSHHosts.
 // +kubebuilder:object:root=true
@@ -322,8 +354,8 @@ func (h *SSHHost) SetState(s HostState, msg string, now metav1.Time) {
 	h.setCondition(cond)
 }
 
-// setCondition replaces the condition of cond's type (keeping its
-// transition time while the status is unchanged) or appends it.
+// setCondition replaces the condition of cond's type (keeping its transition
+// time while its status stays) or adds it.
 func (h *SSHHost) setCondition(cond status.Condition) {
 	for i, c := range h.Status.Conditions {
 		if c.Type != cond.Type {
@@ -336,6 +368,16 @@ func (h *SSHHost) setCondition(cond status.Condition) {
 		return
 	}
 	h.Status.Conditions = append(h.Status.Conditions, cond)
+}
+
+// removeCondition drops the condition of type t, if any.
+func (h *SSHHost) removeCondition(t string) {
+	for i, c := range h.Status.Conditions {
+		if c.Type == t {
+			h.Status.Conditions = append(h.Status.Conditions[:i:i], h.Status.Conditions[i+1:]...)
+			return
+		}
+	}
 }
 
 // Reasons of the ShimRejected condition, by the shim's exit code.
@@ -354,12 +396,7 @@ func ShimRejectionReason(rc int32) string {
 func (h *SSHHost) SetShimRejection(r *ShimRejection, now metav1.Time) {
 	h.Status.ShimRejection = r
 	if r == nil {
-		for i, c := range h.Status.Conditions {
-			if c.Type == ConditionShimRejected {
-				h.Status.Conditions = append(h.Status.Conditions[:i:i], h.Status.Conditions[i+1:]...)
-				return
-			}
-		}
+		h.removeCondition(ConditionShimRejected)
 		return
 	}
 	cond := status.Condition{Type: ConditionShimRejected, Status: metav1.ConditionTrue, ObservedGeneration: h.Generation,
@@ -367,4 +404,63 @@ func (h *SSHHost) SetShimRejection(r *ShimRejection, now metav1.Time) {
 		Message: fmt.Sprintf("the shim refused %s (rc %d): %s; node class %s does not claim this host until it, its profile %s or this host's spec changes",
 			r.Phase, r.RC, r.Message, r.NodeClass, r.Profile)}
 	h.setCondition(cond)
+}
+
+// ConditionDuplicate is True on a host that is the same machine as another
+// host of its pool namespace which comes first (holds a claim, or is older,
+// or has the smaller name): the same address and port, or the same node
+// address, compared normalised. Such a host is never claimed and, while
+// unclaimed, never probed; its message names the other host and the field.
+// The host controller sets and clears it.
+const ConditionDuplicate = "Duplicate"
+
+// Reasons of the Duplicate condition; ReasonDuplicate is Ready's while the
+// host controller holds an unclaimed duplicate Unhealthy.
+const (
+	ReasonDuplicateAddress     = "DuplicateAddress"
+	ReasonDuplicateNodeAddress = "DuplicateNodeAddress"
+	ReasonDuplicate            = "Duplicate"
+)
+
+// IsDuplicate reports whether the Duplicate condition is True.
+func (h *SSHHost) IsDuplicate() bool {
+	for _, c := range h.Status.Conditions {
+		if c.Type == ConditionDuplicate {
+			return c.Status == metav1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// SetDuplicate sets the Duplicate condition True with reason and message;
+// an empty reason removes it.
+func (h *SSHHost) SetDuplicate(reason, msg string, now metav1.Time) {
+	if reason == "" {
+		h.removeCondition(ConditionDuplicate)
+		return
+	}
+	h.setCondition(status.Condition{Type: ConditionDuplicate, Status: metav1.ConditionTrue, ObservedGeneration: h.Generation,
+		LastTransitionTime: now, Reason: reason, Message: msg})
+}
+
+// ParkedAsDuplicate reports whether the host's state is the host
+// controller's parking of a duplicate (Unhealthy, Ready reason Duplicate).
+func (h *SSHHost) ParkedAsDuplicate() bool {
+	if h.Status.State != HostUnhealthy {
+		return false
+	}
+	for _, c := range h.Status.Conditions {
+		if c.Type == ConditionReady {
+			return c.Reason == ReasonDuplicate
+		}
+	}
+	return false
+}
+
+// ParkAsDuplicate sets the state Unhealthy with Ready False, reason
+// Duplicate, and msg.
+func (h *SSHHost) ParkAsDuplicate(msg string, now metav1.Time) {
+	h.SetState(HostUnhealthy, msg, now)
+	h.setCondition(status.Condition{Type: ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: h.Generation,
+		LastTransitionTime: now, Reason: ReasonDuplicate, Message: msg})
 }

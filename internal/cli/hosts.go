@@ -27,7 +27,9 @@ const HostsUsage = `usage: kpssh hosts [flags]
 Prints the host pool: one line per SSHHost with its address, class, state,
 claiming NodeClaim, installed profile and last phase, then a count per
 state. A host whose maintenance annotation is set but whose state has not
-caught up (it still serves its claim) shows "(maintenance)" after its state.
+caught up (it still serves its claim) shows "(maintenance)" after its state;
+one that is the same machine as another host of the pool (condition
+Duplicate: never claimed) shows "(duplicate)".
 
 flags:
 `
@@ -90,6 +92,9 @@ func HostRows(hosts []v1beta1.SSHHost, now time.Time) []HostRow {
 		if h.InMaintenance() && h.CurrentState() != v1beta1.HostMaintenance {
 			state += " (maintenance)"
 		}
+		if h.IsDuplicate() {
+			state += " (duplicate)"
+		}
 		r := HostRow{
 			Name:      h.Name,
 			Address:   h.Spec.Address,
@@ -126,7 +131,8 @@ func WriteHostTable(w io.Writer, rows []HostRow) error {
 	counts := map[string]int{}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Address, r.Class, r.State, dash(r.Claim), dash(r.Installed), dash(r.LastPhase), r.Age)
-		counts[strings.TrimSuffix(r.State, " (maintenance)")]++
+		st, _, _ := strings.Cut(r.State, " (")
+		counts[st]++
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -40,6 +40,11 @@ func TestHostTable(t *testing.T) {
 			h.Status.State = v1beta1.HostUnhealthy
 			h.Status.LastPhase = &v1beta1.LastPhase{Phase: v1beta1.PhaseInstall, Result: v1beta1.PhaseFailed, FailedTask: "install kubelet"}
 		}),
+		*testHost("twin", func(h *v1beta1.SSHHost) {
+			h.CreationTimestamp = created
+			h.ParkAsDuplicate("not probed, not claimed: same machine as host mid", metav1.NewTime(now))
+			h.SetDuplicate(v1beta1.ReasonDuplicateAddress, "same machine as host mid", metav1.NewTime(now))
+		}),
 		*testHost("parked", func(h *v1beta1.SSHHost) {
 			h.CreationTimestamp = created
 			h.Annotations = map[string]string{v1beta1.AnnotationMaintenance: "true"}
@@ -51,13 +56,14 @@ func TestHostTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"NAME     ADDRESS         CLASS     STATE                 CLAIM     INSTALLED   LAST PHASE                                AGE",
-		"alpha    10.0.0.5:2222   small     InUse (maintenance)   claim-1   tls@2       join Succeeded 5m ago                     3h",
-		`mid      10.0.0.5:2222   small     Unhealthy             -         -           install Failed (task "install kubelet")   3h`,
-		"parked   10.0.0.5:2222   small     Maintenance           -         -           -                                         3h",
-		"zeta     10.0.0.5        default   Pending               -         -           -                                         3h",
+		"NAME     ADDRESS         CLASS     STATE                   CLAIM     INSTALLED   LAST PHASE                                AGE",
+		"alpha    10.0.0.5:2222   small     InUse (maintenance)     claim-1   tls@2       join Succeeded 5m ago                     3h",
+		`mid      10.0.0.5:2222   small     Unhealthy               -         -           install Failed (task "install kubelet")   3h`,
+		"parked   10.0.0.5:2222   small     Maintenance             -         -           -                                         3h",
+		"twin     10.0.0.5:2222   small     Unhealthy (duplicate)   -         -           -                                         3h",
+		"zeta     10.0.0.5        default   Pending                 -         -           -                                         3h",
 		"",
-		"4 host(s): 1 InUse, 1 Maintenance, 1 Pending, 1 Unhealthy",
+		"5 host(s): 1 InUse, 1 Maintenance, 1 Pending, 2 Unhealthy",
 	}
 	if got := strings.TrimRight(buf.String(), "\n"); got != strings.Join(want, "\n") {
 		t.Errorf("table:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))

@@ -23,6 +23,7 @@ import (
 	sigyaml "sigs.k8s.io/yaml"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/providers/pool"
 )
 
 // Host variables import-inventory reads (besides ansible_host, ansible_port,
@@ -690,16 +691,55 @@ func (r *rawInventory) resolve(o InventoryOptions) ([]InventoryHost, error) {
 		out = append(out, h)
 	}
 
-	// Two entries that are the same machine would be claimed twice.
-	byAddr := map[string]InventoryHost{}
-	for _, h := range out {
-		k := net.JoinHostPort(h.Address, strconv.Itoa(int(h.Port)))
-		if prev, dup := byAddr[k]; dup {
-			return nil, errAt(h.Line, "host %s has the address %s of host %s (line %d)", h.Name, k, prev.Name, prev.Line)
-		}
-		byAddr[k] = h
+	if err := oneHostPerMachine(out); err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// maxDuplicateErrors bounds the duplicates one refusal lists.
+const maxDuplicateErrors = 20
+
+// oneHostPerMachine refuses entries that are the same machine — the same
+// address and port, or the same node address (kpssh_node_address, else the
+// address when it is an IP) — compared as the controller compares them
+// (pool.AddressIdentity, pool.NodeIdentity: IPs normalised, names in
+// lowercase). The controller would claim only the first of them; here
+// every one is named, with its line and the host it repeats.
+func oneHostPerMachine(hosts []InventoryHost) error {
+	var errs []error
+	n := 0
+	report := func(err error) {
+		if n++; n <= maxDuplicateErrors {
+			errs = append(errs, err)
+		}
+	}
+	byAddr, byNode := map[string]InventoryHost{}, map[string]InventoryHost{}
+	for _, h := range hosts {
+		k := pool.AddressIdentity(h.Address, h.Port)
+		if prev, dup := byAddr[k]; dup {
+			report(errAt(h.Line, "host %s has the address %s of host %s (line %d)", h.Name, k, prev.Name, prev.Line))
+			continue
+		}
+		byAddr[k] = h
+		nk := pool.NodeIdentity(h.NodeAddress, h.Address)
+		if nk == "" {
+			continue
+		}
+		if prev, dup := byNode[nk]; dup {
+			report(errAt(h.Line, "host %s has the node address %s of host %s (line %d) (%s, else the address when it is an IP: give each host its own %s)",
+				h.Name, nk, prev.Name, prev.Line, VarNodeAddress, VarNodeAddress))
+			continue
+		}
+		byNode[nk] = h
+	}
+	if n > maxDuplicateErrors {
+		errs = append(errs, fmt.Errorf("… and %d more hosts of machines listed before", n-maxDuplicateErrors))
+	}
+	if len(errs) > 0 {
+		errs = append([]error{fmt.Errorf("%d host(s) repeat a machine listed before; one machine is one SSHHost:", n)}, errs...)
+	}
+	return errors.Join(errs...)
 }
 
 func inventoryHost(name string, line int, class string, vars map[string]string) (InventoryHost, error) {
@@ -845,7 +885,9 @@ preceded by the key Secret when --key-file is given:
 Variables resolve like Ansible's (all:vars, parent groups, the group, the
 host); ranges like node[01:20] expand. Ambiguous input is refused with its
 line: a host in two class groups, a host listed twice, a bad range, a missing
-capacity, two hosts on one address. Apply with:
+capacity, two hosts of one machine (the same address and port, or the same
+node address, compared normalised: 2001:DB8:0::1 is 2001:db8::1, names in
+any case are one; names are not resolved). Apply with:
 
   kpssh import-inventory --key-file ~/.ssh/pool inventory.ini | kubectl apply -f -
 

@@ -17,6 +17,7 @@ import (
 	sigyaml "sigs.k8s.io/yaml"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/providers/pool"
 	"github.com/dklesev/kpssh/internal/sshx/sshtest"
 )
 
@@ -239,6 +240,8 @@ func TestParseInventory(t *testing.T) {
 		{name: "host:bad port", text: "h1:x kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n", err: `line 1: host h1: ansible_port "x" is not a port`},
 		{name: "ipv6 address", text: "h1 ansible_host=fd00::1 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n",
 			want: []string{"h1  fd00::1:22 root"}},
+		{name: "port forwards of one IP, each with its node address", text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[a]\nh1 ansible_host=192.0.2.1 ansible_port=2201 kpssh_node_address=10.0.0.1\nh2 ansible_host=192.0.2.1 ansible_port=2202 kpssh_node_address=10.0.0.2\n",
+			want: []string{"h1 a 192.0.2.1:2201 root", "h2 a 192.0.2.1:2202 root"}},
 
 		// Refusals, each with its line.
 		{name: "host in two class groups", text: "[a]\nh1\n[b]\n\nh1\n", err: "line 5: host h1 is in two class groups, a (line 2) and b (line 5)"},
@@ -254,6 +257,18 @@ func TestParseInventory(t *testing.T) {
 		{name: "bad node address", text: "h1 kpssh_node_address=nope kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n", err: "is not an IP"},
 		{name: "two hosts one address", text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[a]\nh1 ansible_host=192.0.2.1\nh2 ansible_host=192.0.2.1\n",
 			err: "line 6: host h2 has the address 192.0.2.1:22 of host h1 (line 5)"},
+		{name: "two spellings of one IPv6 address", text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[a]\nh1 ansible_host=2001:db8::1\nh2 ansible_host=2001:DB8:0::1\n",
+			err: "line 6: host h2 has the address [2001:db8::1]:22 of host h1 (line 5)"},
+		{name: "a name in two cases", text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[a]\nh1 ansible_host=Node1.Example.com\nh2 ansible_host=node1.example.com ansible_port=22\n",
+			err: "line 6: host h2 has the address node1.example.com:22 of host h1 (line 5)"},
+		{name: "two hosts one node address", text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[a]\nh1 ansible_host=192.0.2.1 kpssh_node_address=10.0.0.5\nh2 ansible_host=192.0.2.2 kpssh_node_address=10.0.0.5\n",
+			err: "line 6: host h2 has the node address 10.0.0.5 of host h1 (line 5)"},
+		{name: "a name's node address is another host's address", text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[a]\nh1 ansible_host=10.0.0.5\nh2 ansible_host=h2.example.com kpssh_node_address=::ffff:10.0.0.5\n",
+			err: "line 6: host h2 has the node address 10.0.0.5 of host h1 (line 5)"},
+		{name: "port forwards of one IP without node addresses", text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[a]\nh1 ansible_host=192.0.2.1 ansible_port=2201\nh2 ansible_host=192.0.2.1 ansible_port=2202\n",
+			err: "line 6: host h2 has the node address 192.0.2.1 of host h1 (line 5) (kpssh_node_address, else the address when it is an IP"},
+		{name: "every duplicate is named", text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[a]\nh1 ansible_host=192.0.2.1\nh2 ansible_host=192.0.2.1\nh3 ansible_host=192.0.2.3 kpssh_node_address=192.0.2.1\n",
+			err: "2 host(s) repeat a machine listed before; one machine is one SSHHost:\nline 6: host h2 has the address 192.0.2.1:22 of host h1 (line 5)\nline 7: host h3 has the node address 192.0.2.1 of host h1 (line 5)"},
 		{name: "uppercase name", text: "Node1 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n", err: `line 1: host "Node1" cannot be an SSHHost name`},
 		{name: "unknown section suffix", text: "[a:hosts]\n", err: `line 1: section [a:hosts]: unknown suffix "hosts"`},
 		{name: "vars without =", text: "[a:vars]\nfoo\n", err: "line 2: [a:vars]: want NAME=VALUE"},
@@ -376,7 +391,8 @@ func TestExpandRange(t *testing.T) {
 // FuzzParseInventory: any input gives hosts or an error, never a panic or
 // a hang; whatever parses renders manifests that decode strictly.
 func FuzzParseInventory(f *testing.F) {
-	for _, s := range []string{pool50INI(), pool50YAML(), "[a]\nh[1:3]\n", "all:\n  hosts:\n    h1:\n", "h1 x='y z'\n[a:children]\nb\n", "[a:vars]\nx=1\n"} {
+	for _, s := range []string{pool50INI(), pool50YAML(), "[a]\nh[1:3]\n", "all:\n  hosts:\n    h1:\n", "h1 x='y z'\n[a:children]\nb\n", "[a:vars]\nx=1\n",
+		"[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[a]\nh1 ansible_host=2001:db8::1\nh2 ansible_host=2001:DB8:0::1 kpssh_node_address=10.0.0.1\n"} {
 		f.Add(s, "")
 		f.Add(s, "ini")
 		f.Add(s, "yaml")
@@ -385,6 +401,18 @@ func FuzzParseInventory(f *testing.F) {
 		hosts, err := ParseInventory([]byte(text), format, InventoryOptions{})
 		if err != nil {
 			return
+		}
+		// What parses is one host per machine, as the controller sees it.
+		addrs, nodes := map[string]string{}, map[string]string{}
+		for _, h := range hosts {
+			k, n := pool.AddressIdentity(h.Address, h.Port), pool.NodeIdentity(h.NodeAddress, h.Address)
+			if prev, dup := addrs[k]; dup {
+				t.Fatalf("hosts %s and %s share the address %s", prev, h.Name, k)
+			}
+			if prev, dup := nodes[n]; dup && n != "" {
+				t.Fatalf("hosts %s and %s share the node address %s", prev, h.Name, n)
+			}
+			addrs[k], nodes[n] = h.Name, h.Name
 		}
 		// Ranges up to maxRangeHosts are valid; rendering thousands of
 		// manifests per input would only slow the fuzzer down.

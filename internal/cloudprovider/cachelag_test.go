@@ -19,7 +19,8 @@ import (
 // what the API server says (a live re-list), not from the lagging cache.
 func TestCreateRelistsLiveBeforeNoCapacity(t *testing.T) {
 	ctx := context.Background()
-	base := fakeClient(standard(newHost("h1", "small", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "prof@2" }))...).Build()
+	base := fakeAPIServer().
+		WithObjects(standard(newHost("h1", "small", func(h *v1beta1.SSHHost) { h.Status.InstalledProfile = "prof@2" }))...).Build()
 	lagging := true
 	// The "cache": every host list still shows the leave in progress.
 	cached := interceptor.NewClient(base, interceptor.Funcs{List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {

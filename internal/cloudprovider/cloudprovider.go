@@ -129,7 +129,10 @@ func (c *CloudProvider) profile(ctx context.Context, name string) (*v1beta1.SSHJ
 // classHosts lists the pool hosts selected by the node class. A host whose
 // shim refused this node class's profile as it still is (a sticky
 // ShimRejection) is listed as not free — its class stays offered, the host
-// is neither counted available nor claimed; only the copy is changed.
+// is neither counted available nor claimed; only the copy is changed. So is
+// a host that is not its machine's host in the whole pool (pool.Duplicates,
+// whatever the node class selects: the other host may be another class's),
+// whether or not the host controller has marked it Duplicate yet.
 func (c *CloudProvider) classHosts(ctx context.Context, nc *v1beta1.SSHNodeClass, live bool) ([]v1beta1.SSHHost, error) {
 	sel := labels.Everything()
 	if nc.Spec.HostSelector != nil {
@@ -143,9 +146,21 @@ func (c *CloudProvider) classHosts(ctx context.Context, nc *v1beta1.SSHNodeClass
 	if live {
 		list = c.Pool.LiveHosts
 	}
-	hosts, err := list(ctx, sel)
+	all, err := list(ctx, nil)
 	if err != nil {
 		return nil, err
+	}
+	dups := pool.Duplicates(all)
+	hosts := all[:0]
+	for i := range all {
+		h := &all[i]
+		if !sel.Matches(labels.Set(h.Labels)) {
+			continue
+		}
+		if _, dup := dups[h.Name]; dup && pool.Free(h) {
+			h.Status.State = v1beta1.HostUnhealthy
+		}
+		hosts = append(hosts, *h)
 	}
 	var prof *v1beta1.SSHJoinProfile
 	for i := range hosts {

@@ -3,7 +3,10 @@ package cloudprovider
 import (
 	"context"
 	"errors"
+	"fmt"
+	"hash/fnv"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -146,7 +149,7 @@ func newHost(name, class string, mut ...func(*v1beta1.SSHHost)) *v1beta1.SSHHost
 	h := &v1beta1.SSHHost{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{v1beta1.LabelHostClass: class},
 			CreationTimestamp: metav1.NewTime(time.Date(2026, 1, 1, 0, 0, len(name), 0, time.UTC))},
-		Spec: v1beta1.SSHHostSpec{Address: "10.0.0." + name[len(name)-1:], Port: 22, User: "root",
+		Spec: v1beta1.SSHHostSpec{Address: hostAddress(name), Port: 22, User: "root",
 			SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"},
 			Capacity:        corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("8Gi")}},
 		Status: v1beta1.SSHHostStatus{State: v1beta1.HostAvailable, ObservedArch: "amd64", HostKeyFingerprint: "SHA256:x"},
@@ -154,7 +157,48 @@ func newHost(name, class string, mut ...func(*v1beta1.SSHHost)) *v1beta1.SSHHost
 	for _, m := range mut {
 		m(h)
 	}
+	id := pool.Identity(h) // as the host controller writes it
+	h.Status.Machine = &id
 	return h
+}
+
+// fakeAPIServer is a fake client builder with the status subresources and
+// the CRD's selectable fields of SSHHost (a missing field selects as "").
+func fakeAPIServer() *fake.ClientBuilder {
+	field := func(f func(*v1beta1.SSHHost) string) client.IndexerFunc {
+		return func(o client.Object) []string { return []string{f(o.(*v1beta1.SSHHost))} }
+	}
+	machine := func(f func(*v1beta1.MachineIdentity) string) client.IndexerFunc {
+		return field(func(h *v1beta1.SSHHost) string {
+			if h.Status.Machine == nil {
+				return ""
+			}
+			return f(h.Status.Machine)
+		})
+	}
+	return fake.NewClientBuilder().WithScheme(scheme.Scheme).
+		WithStatusSubresource(&v1beta1.SSHHost{}, &v1beta1.SSHNodeClass{}, &karpv1.NodeClaim{}).
+		WithIndex(&v1beta1.SSHHost{}, v1beta1.FieldClaimUID, field(func(h *v1beta1.SSHHost) string {
+			if r := h.Status.ClaimRef; r != nil {
+				return string(r.UID)
+			}
+			return ""
+		})).
+		WithIndex(&v1beta1.SSHHost{}, v1beta1.FieldMachineAddress, machine(func(m *v1beta1.MachineIdentity) string { return m.Address })).
+		WithIndex(&v1beta1.SSHHost{}, v1beta1.FieldMachineNodeAddress, machine(func(m *v1beta1.MachineIdentity) string { return m.NodeAddress }))
+}
+
+// hostAddress gives each fixture host a machine of its own (two hosts of
+// one machine are duplicates, and only one is ever claimed): h<N> is at
+// 10.0.0.<N> (tests place Nodes there), any other name at 10.1.x.y.
+func hostAddress(name string) string {
+	if n, err := strconv.Atoi(strings.TrimPrefix(name, "h")); err == nil && name[0] == 'h' && n > 0 && n < 255 {
+		return "10.0.0." + strconv.Itoa(n)
+	}
+	f := fnv.New32a()
+	_, _ = f.Write([]byte(name))
+	v := f.Sum32()
+	return fmt.Sprintf("10.1.%d.%d", v>>8&0xff, v&0xff)
 }
 
 func nodeClass(mut ...func(*v1beta1.SSHNodeClass)) *v1beta1.SSHNodeClass {
@@ -215,25 +259,11 @@ func newWorld(t *testing.T, funcs *interceptor.Funcs, objs ...client.Object) *wo
 		}
 		return c.SubResource(sub).Patch(ctx, o, p, opts...)
 	}
-	w.c = fakeClient(objs...).WithInterceptorFuncs(f).Build()
+	w.c = fakeAPIServer().WithObjects(objs...).WithInterceptorFuncs(f).Build()
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	w.cp = New(w.c, w.c, ns, w.ph, w.tok, w.rec, clk)
 	w.cp.Cluster = fakeCluster{}
 	return w
-}
-
-// fakeClient is the API the cloud provider's tests run on: status
-// subresources and the claim-UID field index as the real apiserver has them.
-func fakeClient(objs ...client.Object) *fake.ClientBuilder {
-	return fake.NewClientBuilder().WithScheme(scheme.Scheme).
-		WithStatusSubresource(&v1beta1.SSHHost{}, &v1beta1.SSHNodeClass{}, &karpv1.NodeClaim{}).
-		WithIndex(&v1beta1.SSHHost{}, v1beta1.FieldClaimUID, func(o client.Object) []string {
-			if r := o.(*v1beta1.SSHHost).Status.ClaimRef; r != nil {
-				return []string{string(r.UID)}
-			}
-			return []string{""}
-		}).
-		WithObjects(objs...)
 }
 
 func (w *world) host(t *testing.T, name string) *v1beta1.SSHHost {

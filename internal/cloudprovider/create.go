@@ -57,7 +57,8 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		return nil, err
 	}
 	var it *cloudprovider.InstanceType
-	if h != nil {
+	resumed := h != nil
+	if resumed {
 		it = byName(its, h.Class())
 		if h.Status.State == v1beta1.HostInUse && h.Status.ProviderID != "" && it != nil {
 			return c.hydrate(nodeClaim, h, it, nc), nil // already launched
@@ -78,6 +79,14 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	}
 	unlock := c.lock(h.Name)
 	defer unlock()
+	if resumed {
+		// A claim ClaimOne could not give back (its pool read or the
+		// release failed) is not launched if another host of the machine
+		// holds a claim or comes first.
+		if err := c.refuseDuplicate(ctx, nodeClaim, h, claim); err != nil {
+			return nil, err
+		}
+	}
 	if it == nil {
 		msg := fmt.Sprintf("host %s's class %q is no longer offered by node class %s", h.Name, h.Class(), nc.Name)
 		return nil, c.fail(ctx, nodeClaim, h, claim, failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: msg})
@@ -107,6 +116,18 @@ func (c *CloudProvider) claim(ctx context.Context, nodeClaim *karpv1.NodeClaim, 
 		return h, it, nil
 	}
 	return nil, nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("no free host in host classes %s", names(compatible)))
+}
+
+// refuseDuplicate releases the held host h (Available: the host controller
+// marks it Duplicate) when, its claim aside, it is not its machine's host.
+func (c *CloudProvider) refuseDuplicate(ctx context.Context, nodeClaim *karpv1.NodeClaim, h *v1beta1.SSHHost, claim pool.Claim) error {
+	unclaimed := h.DeepCopy()
+	unclaimed.Status.ClaimRef = nil
+	d, dup, err := c.Pool.SameMachine(ctx, unclaimed)
+	if err != nil || !dup {
+		return err
+	}
+	return c.fail(ctx, nodeClaim, h, claim, failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: d.Message()})
 }
 
 // Compatible filters instance types (cheapest first, as given) by the

@@ -22,6 +22,7 @@ import (
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/probe"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
+	"github.com/dklesev/kpssh/internal/providers/pool"
 	"github.com/dklesev/kpssh/internal/providers/token"
 	"github.com/dklesev/kpssh/internal/sshx"
 	"github.com/dklesev/kpssh/internal/sshx/sshtest"
@@ -114,7 +115,9 @@ func sweepController(b *testing.B, srv *sshtest.Server) (*Controller, []string) 
 	for i := range names {
 		names[i] = fmt.Sprintf("h%04d", i)
 		h := newHost(names[i])
-		h.Spec.Address, h.Spec.Port = srv.Host, srv.Port
+		// A machine per host (hosts of one machine are duplicates, and not
+		// probed); the prober below dials every one of them at srv.
+		h.Spec.Address = fmt.Sprintf("10.%d.%d.%d", 100+i/65536, i/256%256, i%256)
 		objs = append(objs, h)
 	}
 	// A scheme of just the kinds involved: the fake client walks every known
@@ -129,6 +132,7 @@ func sweepController(b *testing.B, srv *sshtest.Server) (*Controller, []string) 
 	// controller's. Reads go through the fake, like informer-cache reads.
 	written := &sync.Map{}
 	c := fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1beta1.SSHHost{}).WithObjects(objs...).
+		WithIndex(&v1beta1.SSHHost{}, pool.IndexMachine, pool.IndexMachineKeys).
 		WithInterceptorFuncs(interceptor.Funcs{SubResourcePatch: func(_ context.Context, _ client.Client, _ string, o client.Object, p client.Patch, _ ...client.SubResourcePatchOption) error {
 			if _, err := p.Data(o); err != nil {
 				return err
@@ -138,7 +142,11 @@ func sweepController(b *testing.B, srv *sshtest.Server) (*Controller, []string) 
 		}}).Build()
 	sweepWritten = written
 	return &Controller{Client: c, Recorder: &recorder{}, Clock: clocktesting.NewFakeClock(time.Now()), Keys: hostkey.New(c),
-		Leaver: &fakeLeaver{}, Tokens: token.New(c), Prober: probe.Run, Namespace: ns,
+		Leaver: &fakeLeaver{}, Tokens: token.New(c), Namespace: ns,
+		Prober: func(ctx context.Context, t sshx.Target, verified bool, shim string, timeout time.Duration) (probe.Result, error) {
+			t.Address, t.Port = srv.Host, srv.Port
+			return probe.Run(ctx, t, verified, shim, timeout)
+		},
 		Interval: DefaultProbeInterval, Timeout: DefaultProbeTimeout}, names
 }
 

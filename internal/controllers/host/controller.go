@@ -1,7 +1,8 @@
 // Package host is the host lifecycle controller: the pool's only source of
-// truth about hosts. Per SSHHost it repairs stale claims, parks and unparks
-// maintenance, probes unclaimed hosts over SSH and runs the zombie guard.
-// Each concern lives in its own file; Reconcile only orders them.
+// truth about hosts. Per SSHHost it marks (and parks) duplicates of a
+// machine, repairs stale claims, parks and unparks maintenance, probes
+// unclaimed hosts over SSH and runs the zombie guard. Each concern lives in
+// its own file; Reconcile only orders them.
 package host
 
 import (
@@ -30,6 +31,7 @@ import (
 	"github.com/dklesev/kpssh/internal/probe"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
 	"github.com/dklesev/kpssh/internal/providers/leave"
+	"github.com/dklesev/kpssh/internal/providers/pool"
 	"github.com/dklesev/kpssh/internal/providers/token"
 	"github.com/dklesev/kpssh/internal/sshx"
 )
@@ -74,7 +76,8 @@ func New(c client.Client, rec events.Recorder, namespace string) *Controller {
 	}
 }
 
-// Register adds the controller to mgr. NodeClaim deletions wake the host
+// Register adds the controller to mgr, and the machine index
+// (pool.IndexMachine) to its cache. NodeClaim deletions wake the host
 // holding the claim so stale-claim repair does not wait for a probe interval;
 // Node registrations wake the host whose bootstrap token they make
 // collectable.
@@ -85,9 +88,15 @@ func (c *Controller) Register(mgr manager.Manager) error {
 			return err
 		}
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.SSHHost{}, pool.IndexMachine, pool.IndexMachineKeys); err != nil {
+		return err
+	}
 	return controllerruntime.NewControllerManagedBy(mgr).
 		Named("host").
 		For(&v1beta1.SSHHost{}).
+		// A host's Duplicate condition depends on the other hosts of its
+		// machine: their creation, deletion, spec and claims wake it.
+		Watches(&v1beta1.SSHHost{}, handler.EnqueueRequestsFromMapFunc(c.hostsOfMachine), builder.WithPredicates(machineChange())).
 		Watches(&karpv1.NodeClaim{}, handler.EnqueueRequestsFromMapFunc(c.hostsOfClaim)).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(c.hostsOfNode), builder.WithPredicates(nodeRegistration())).
 		// One host controller per manager; tests start several managers in
@@ -113,8 +122,8 @@ func (c *Controller) hostsOfClaim(ctx context.Context, o client.Object) []reconc
 // step is one concern. It returns done=true when it decided this reconcile.
 type step func(ctx context.Context, h *v1beta1.SSHHost) (res reconcile.Result, done bool, err error)
 
-// Reconcile runs the concerns in order: token GC → stale claim →
-// maintenance → probe (which hands a running kubelet to the zombie guard).
+// Reconcile runs the concerns in order: token GC → duplicate → stale claim
+// → maintenance → probe (which hands a running kubelet to the zombie guard).
 func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if req.Namespace != c.Namespace {
 		return reconcile.Result{}, nil // hosts outside the pool namespace are not ours
@@ -127,7 +136,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, nil
 	}
 	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("sshhost", req.Name))
-	for _, s := range []step{c.collectToken, c.repairStaleClaim, c.maintenance, c.probe} {
+	for _, s := range []step{c.collectToken, c.duplicate, c.repairStaleClaim, c.maintenance, c.probe} {
 		res, done, err := s(ctx, h)
 		if apierrors.IsConflict(err) {
 			// Someone else wrote first (a claim, another replica): start over.

@@ -28,6 +28,7 @@ import (
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/probe"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
+	"github.com/dklesev/kpssh/internal/providers/pool"
 	"github.com/dklesev/kpssh/internal/providers/token"
 	"github.com/dklesev/kpssh/internal/sshx"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -105,6 +106,8 @@ func newHost(name string, mut ...func(*v1beta1.SSHHost)) *v1beta1.SSHHost {
 	for _, m := range mut {
 		m(h)
 	}
+	id := pool.Identity(h) // written by an earlier reconcile
+	h.Status.Machine = &id
 	return h
 }
 
@@ -152,6 +155,7 @@ func newWorld(t *testing.T, funcs *interceptor.Funcs, objs ...client.Object) *wo
 		return c.SubResource(sub).Patch(ctx, o, p, opts...)
 	}
 	w.c = fake.NewClientBuilder().WithScheme(scheme.Scheme).WithStatusSubresource(&v1beta1.SSHHost{}).
+		WithIndex(&v1beta1.SSHHost{}, pool.IndexMachine, pool.IndexMachineKeys).
 		WithObjects(append([]client.Object{keySecret("")}, objs...)...).WithInterceptorFuncs(f).Build()
 	w.ctrl = &Controller{Client: w.c, Recorder: w.rec, Clock: w.clock, Keys: hostkey.New(w.c), Leaver: w.leaver,
 		Tokens: token.New(w.c), Prober: w.prober.probe, Namespace: ns, Interval: 2 * time.Minute, Timeout: 30 * time.Second}

@@ -16,6 +16,7 @@ const (
 	ReasonZombieLeft        = "ZombieLeft"
 	ReasonZombieLeaveFailed = "ZombieLeaveFailed"
 	ReasonForeignKubelet    = "ForeignKubelet"
+	ReasonDuplicateHost     = "DuplicateHost"
 )
 
 func capacityDrift(h *v1beta1.SSHHost, shortfall string) events.Event {
@@ -44,4 +45,9 @@ func foreignKubelet(h *v1beta1.SSHHost) events.Event {
 	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonForeignKubelet,
 		Message:      "a kubelet not started by kpssh runs on this host (no Node tied to it, no install marker); parked Unhealthy, nothing touched",
 		DedupeValues: []string{string(h.UID)}}
+}
+
+func duplicateHost(h *v1beta1.SSHHost, msg string) events.Event {
+	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonDuplicateHost,
+		Message: msg, DedupeValues: []string{string(h.UID), msg}}
 }

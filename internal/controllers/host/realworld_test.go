@@ -450,7 +450,7 @@ func TestHostControllerAgainstRealHosts(t *testing.T) {
 	})
 
 	t.Run("bad key Secrets park the host with a message naming the Secret", func(t *testing.T) {
-		for _, tc := range []struct {
+		for i, tc := range []struct {
 			secret string
 			data   map[string][]byte
 			want   string
@@ -464,6 +464,11 @@ func TestHostControllerAgainstRealHosts(t *testing.T) {
 			h := hostFor(ns, hh)
 			h.Name = "bad-" + tc.secret
 			h.Spec.SSHKeySecretRef.Name = tc.secret
+			// Not host 0's machine (it would be its Duplicate, never
+			// probed): a closed port of its address and a node address
+			// of its own. The key is refused before any dial anyway.
+			h.Spec.Port = int32(hh.Port) + 1 + int32(i)
+			h.Spec.NodeAddress = fmt.Sprintf("192.0.2.%d", 1+i)
 			if err := env.Client.Create(ctx, h); err != nil {
 				t.Fatal(err)
 			}

@@ -38,7 +38,8 @@ func rssMiB(b *testing.B) float64 {
 // BenchmarkControllerRSS5000Hosts: the host controller (manager, informer
 // cache, probes) with 5,000 SSHHosts on the real apiserver. Target ≤ 200 MiB.
 // Baseline: the same process with the controller running and no hosts.
-// Hosts point at a closed loopback port, so every probe fails fast and
+// Hosts point at a closed port of loopback addresses (one each: hosts of
+// one machine are duplicates, not probed), so every probe fails fast and
 // writes status (the worst case for cached object size).
 func BenchmarkControllerRSS5000Hosts(b *testing.B) {
 	if env == nil {
@@ -61,7 +62,7 @@ func BenchmarkControllerRSS5000Hosts(b *testing.B) {
 		for j := 0; j < n; j++ {
 			h := &v1beta1.SSHHost{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("h%05d", j), Namespace: ns,
 				Labels: map[string]string{v1beta1.LabelHostClass: fmt.Sprintf("class-%d", j%10)}},
-				Spec: v1beta1.SSHHostSpec{Address: "127.0.0.1", Port: 1, SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"},
+				Spec: v1beta1.SSHHostSpec{Address: fmt.Sprintf("127.1.%d.%d", j/250, j%250+1), Port: 1, SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"},
 					Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("8Gi")}}}
 			if err := env.Client.Create(ctx, h); err != nil {
 				b.Fatal(err)

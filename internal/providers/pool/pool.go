@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -100,9 +101,11 @@ func (p *Pool) list(ctx context.Context, r client.Reader, sel labels.Selector) (
 }
 
 // Free reports whether a host can be claimed: Available, unclaimed, not
-// annotated for maintenance (honoured from the moment it is set).
+// annotated for maintenance (honoured from the moment it is set), not
+// marked Duplicate. A duplicate the condition does not mark yet is the
+// callers' to exclude (Duplicates) and ClaimOne's to catch.
 func Free(h *v1beta1.SSHHost) bool {
-	return h.DeletionTimestamp.IsZero() && h.Status.State == v1beta1.HostAvailable && h.Status.ClaimRef == nil && !h.InMaintenance()
+	return h.DeletionTimestamp.IsZero() && h.Status.State == v1beta1.HostAvailable && h.Status.ClaimRef == nil && !h.InMaintenance() && !h.IsDuplicate()
 }
 
 // Candidates returns the free hosts of class among hosts, oldest first.
@@ -127,10 +130,18 @@ func Candidates(hosts []v1beta1.SSHHost, class string) []*v1beta1.SSHHost {
 // ClaimOne claims the first candidate it wins. A 409 (someone else changed
 // the host since it was read) moves on to the next candidate; the same
 // host is never retried, so two claimers never both believe they won.
+//
+// Only a host whose status.machine is its spec's is claimed. A won host is
+// then checked against the hosts of its machine, read live (SameMachine):
+// if another one holds a claim or comes first (Duplicates), the claim is
+// given back and the next candidate tried. The CAS is per host, so
+// two claimers of two hosts of one machine both win theirs; each reads the
+// pool after its own write, so at least one sees the other's claim and
+// gives way — never both keep one (both may give way: Karpenter retries).
 func (p *Pool) ClaimOne(ctx context.Context, candidates []*v1beta1.SSHHost, c Claim) (*v1beta1.SSHHost, error) {
 	for _, cand := range candidates {
 		h := cand.DeepCopy()
-		if !Free(h) || !p.reserve(h) {
+		if !Free(h) || !IdentityCurrent(h) || !p.reserve(h) {
 			continue
 		}
 		orig := h.DeepCopy()
@@ -144,10 +155,86 @@ func (p *Pool) ClaimOne(ctx context.Context, candidates []*v1beta1.SSHHost, c Cl
 			}
 			return nil, err
 		}
+		d, dup, err := p.firstOfMachine(ctx, orig)
+		if err != nil || dup {
+			p.reserved.Delete(h.Name)
+			msg := "not claimed: the pool could not be read to rule out a duplicate"
+			if dup {
+				msg = "not claimed: " + d.Message()
+			}
+			if _, uerr := p.Update(ctx, h.Name, c, func(x *v1beta1.SSHHost) { unclaim(x, orig, msg, p.Now()) }); uerr != nil && !errors.Is(uerr, ErrClaimLost) {
+				return nil, fmt.Errorf("give back host %s (a duplicate): %w", h.Name, uerr)
+			}
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
 		p.reserved.Store(h.Name, orig.ResourceVersion)
 		return h, nil
 	}
 	return nil, ErrNoHost
+}
+
+// firstOfMachine is SameMachine for a host just claimed (orig: as it was
+// before). A younger host of the machine holding a claim is not yet a
+// reason to give way: its claimer gives way to this older host once it
+// reads the pool — unless it read before this host existed (a host created
+// in the same second with a smaller name), so the claim is kept only once a
+// read shows it gone, and given back after a few reads that do not.
+func (p *Pool) firstOfMachine(ctx context.Context, orig *v1beta1.SSHHost) (Duplicate, bool, error) {
+	for wait := yieldPoll; ; wait *= 2 {
+		d, dup, err := p.SameMachine(ctx, orig)
+		if err != nil || !dup || !d.Held || !d.Younger || wait > yieldWait {
+			return d, dup, err
+		}
+		select {
+		case <-ctx.Done():
+			return d, dup, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// A younger claimer gives way within one pool read and one status write.
+const (
+	yieldPoll = 20 * time.Millisecond
+	yieldWait = time.Second
+)
+
+// SameMachine reads h's machine live and reports h's Duplicate in it, as h
+// is (an unclaimed copy: whether another host holds a claim or comes first;
+// a claimed one: whether another claimed host comes first). The read
+// selects on status.machine, so it returns the machine's hosts, not the
+// pool: every host that can hold a claim is among them (ClaimOne claims
+// only hosts whose status.machine is current), and one whose controller
+// has not written it yet is Pending, never claimed.
+func (p *Pool) SameMachine(ctx context.Context, h *v1beta1.SSHHost) (Duplicate, bool, error) {
+	id := Identity(h)
+	var same []v1beta1.SSHHost
+	for _, f := range []struct{ field, value string }{{v1beta1.FieldMachineAddress, id.Address}, {v1beta1.FieldMachineNodeAddress, id.NodeAddress}} {
+		if f.value == "" {
+			continue
+		}
+		list := &v1beta1.SSHHostList{}
+		if err := p.Live.List(ctx, list, client.InNamespace(p.Namespace), client.MatchingFields{f.field: f.value}); err != nil {
+			return Duplicate{}, false, err
+		}
+		same = append(same, list.Items...)
+	}
+	d, dup := DuplicateOf(h, same)
+	return d, dup, nil
+}
+
+// unclaim undoes ClaimOne's write on x (read again since): no claim, and
+// the state, Ready condition and lastPhase it had before, unless someone
+// else changed the state meanwhile.
+func unclaim(x, before *v1beta1.SSHHost, msg string, now metav1.Time) {
+	x.Status.ClaimRef = nil
+	x.Status.LastPhase = before.Status.LastPhase
+	if x.Status.State == v1beta1.HostClaimed {
+		x.SetState(before.Status.State, msg, now)
+	}
 }
 
 // reserve takes h for one claim attempt by this process. It refuses a host

@@ -82,6 +82,8 @@ func makeHosts(t *testing.T, ns string, n int) {
 			t.Fatal(err)
 		}
 		h.SetState(v1beta1.HostAvailable, "", metav1.Now())
+		id := pool.Identity(h) // as the host controller writes it
+		h.Status.Machine = &id
 		if err := env.Client.Status().Update(ctx, h); err != nil {
 			t.Fatal(err)
 		}
