@@ -409,14 +409,16 @@ build_bin() {
 set -e
 root=$sb/\$1
 shift
+# The working directory is bound after the image's root (bwrap mounts in
+# order: bound before it, the root would cover it) unless a bind holds it.
+case \$PWD in
+${cases}/) set -- --die-with-parent -- "\$@" ;;
+*) set -- --bind "\$PWD" "\$PWD" --die-with-parent -- "\$@" ;;
+esac
 set -- --bind "\$root" / --dev-bind /dev /dev --proc /proc --ro-bind /sys /sys \\
 	--ro-bind /etc/hosts /etc/hosts --ro-bind /etc/resolv.conf /etc/resolv.conf \\
 	--setenv PATH /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
-${binds}	--die-with-parent -- "\$@"
-case \$PWD in
-${cases}/) ;;
-*) set -- --bind "\$PWD" "\$PWD" "\$@" ;;
-esac
+${binds}	"\$@"
 exec bwrap --chdir "\$PWD" "\$@"
 SANDBOX
 	local t
