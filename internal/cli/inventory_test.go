@@ -214,6 +214,7 @@ func TestParseInventory(t *testing.T) {
 		opts               InventoryOptions
 		want               []string // "name class address:port user" per host
 		err                string
+		notIn              string // must not be in the error
 	}{
 		{name: "ungrouped host has no class", text: "h1 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n",
 			want: []string{"h1  h1:22 root"}},
@@ -276,7 +277,21 @@ func TestParseInventory(t *testing.T) {
 		{name: "host var without =", text: "h1 foo\n", err: `line 1: host h1: want NAME=VALUE, got "foo"`},
 		{name: "unterminated quote", text: "h1 x='a b\n", err: "line 1: unterminated ' quote"},
 		{name: "conflicting host vars", text: "[a]\nh1 ansible_port=1\n[b]\nh1 ansible_port=2\n", opts: InventoryOptions{ClassGroups: []string{"a"}},
-			err: `line 4: host h1: ansible_port is "2" here and "1" on line 2`},
+			err: "line 4: host h1: ansible_port has another value here than on line 2"},
+		// The values may be passwords: the refusal names the variable only.
+		{name: "conflicting secret host vars", text: "[a]\nh1 ansible_password=hunter2-first\n[b]\nh1 ansible_password=hunter2-second\n", opts: InventoryOptions{ClassGroups: []string{"a"}},
+			err: "line 4: host h1: ansible_password has another value here than on line 2", notIn: "hunter2"},
+		{name: "conflicting secret group vars", format: "yaml", text: "all:\n  children:\n    a:\n      vars: {ansible_become_password: s3cret-one}\n    b:\n      children:\n        a:\n          vars: {ansible_become_password: s3cret-two}\n",
+			err: "line 8: group a: ansible_become_password has another value here than on line 4", notIn: "s3cret"},
+		{name: "host in a group and its child group takes the child's class",
+			text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[gpu]\nh1\nh2\n[gpu-a100]\nh1\n[gpu:children]\ngpu-a100\n",
+			want: []string{"h1 gpu-a100 h1:22 root", "h2 gpu h2:22 root"}},
+		{name: "grandchild class wins over the grandparent's", format: "yaml",
+			text: "all:\n  vars: {kpssh_capacity_cpu: 1, kpssh_capacity_memory: 1Gi}\n  children:\n    big:\n      hosts: {h1: }\n      children:\n        mid:\n          children:\n            small:\n              hosts: {h1: }\n",
+			opts: InventoryOptions{ClassGroups: []string{"big", "small"}},
+			want: []string{"h1 small h1:22 root"}},
+		{name: "class groups on two branches under one parent", text: "[p:children]\na\nb\n[a]\nh1\n[b]\nh1\n",
+			err: "line 7: host h1 is in two class groups, a (line 5) and b (line 7), neither inside the other"},
 		{name: "children cycle", text: "[a:children]\nb\n[b:children]\na\n[a]\nh1\n", err: "children cycle"},
 		{name: "unknown class group", text: "h1\n", opts: InventoryOptions{ClassGroups: []string{"nope"}}, err: `no group "nope"`},
 		{name: "yaml duplicate host", format: "yaml", text: "all:\n  hosts:\n    h1:\n    h1:\n", err: "line 4"},
@@ -292,6 +307,9 @@ func TestParseInventory(t *testing.T) {
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				if tc.notIn != "" && strings.Contains(err.Error(), tc.notIn) {
+					t.Fatalf("error %q quotes %q", err, tc.notIn)
 				}
 				return
 			}
@@ -340,7 +358,7 @@ func TestImportInventoryCommand(t *testing.T) {
 		{[]string{"--key-file", notKey, inv}, ExitUsage, "", "not an SSH private key"},
 		{[]string{"--key-file", filepath.Join(dir, "missing"), inv}, ExitUsage, "", "no such file"},
 		{[]string{filepath.Join(dir, "missing.ini")}, ExitUsage, "", "no such file"},
-		{[]string{}, ExitUsage, "", "want FILE"},
+		{[]string{}, ExitUsage, "", "want INVENTORY"},
 		{[]string{"--namespace", "Bad_NS", inv}, ExitUsage, "", "--namespace"},
 		{[]string{"--format", "toml", inv}, ExitUsage, "", "unknown inventory format"},
 	}
@@ -357,33 +375,6 @@ func TestImportInventoryCommand(t *testing.T) {
 		}
 		if strings.Contains(errb.String(), "PRIVATE KEY") {
 			t.Errorf("%q: key material on stderr", tc.args)
-		}
-	}
-}
-
-func TestExpandRange(t *testing.T) {
-	cases := []struct {
-		in   string
-		want string
-		err  bool
-	}{
-		{"h", "h", false},
-		{"node[01:03]", "node01 node02 node03", false},
-		{"node[8:10]", "node8 node9 node10", false},
-		{"node[001:002].x", "node001.x node002.x", false},
-		{"r[a:c]", "ra rb rc", false},
-		{"r[a:e:2]", "ra rc re", false},
-		{"x]", "", true},
-		{"x[1]", "", true},
-		{"x[1:2:3:4]", "", true},
-		{"x[-1:2]", "", true},
-		{"x[A:C]", "", true},
-		{"x[1:2", "", true},
-	}
-	for _, tc := range cases {
-		got, err := expandRange(tc.in)
-		if (err != nil) != tc.err || strings.Join(got, " ") != tc.want {
-			t.Errorf("expandRange(%q) = %q, %v", tc.in, got, err)
 		}
 	}
 }
