@@ -8,9 +8,11 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
@@ -333,11 +335,13 @@ stdout, preceded by the key Secret when --key-file is given:
   kpssh_node_address                          → spec.nodeAddress
   the group listing a host                    → label karpenter.dklesev.github.io/host-class
 
-A built-in parser reads INI and YAML files (all:vars, parent groups, the
-group, the host; ranges like node[01:20]) and warns about the group_vars/
-and host_vars/ it does not read. A host in a group and in its
+With ansible-inventory on PATH, the inventory is what "ansible-inventory
+--list" resolves (group_vars/, host_vars/, plugins, all of Ansible's rules).
+Without it, a built-in parser reads INI and YAML files (all:vars, parent
+groups, the group, the host; ranges like node[01:20]) and warns about the
+group_vars/ and host_vars/ it does not read. A host in a group and in its
 child group takes the child's class. Ambiguous input is refused (with its
-line): a host in two unrelated class
+line, when the built-in parser read it): a host in two unrelated class
 groups, a host listed twice, a bad range, a missing capacity, two hosts of
 one machine (the same address and port, or the same node address, compared
 normalised: 2001:DB8:0::1 is 2001:db8::1, names in any case are one; names
@@ -350,22 +354,47 @@ flags:
 
 // inventoryFlags are how import-inventory reads the inventory.
 type inventoryFlags struct {
-	format      string
-	classGroups string
+	parser, format string
+	timeout        time.Duration
+	classGroups    string
 }
 
-// load reads the inventory at path with the built-in parser, writing its
-// warnings to stderr.
-func (f inventoryFlags) load(path string, stderr io.Writer) (*inventory.Inventory, error) {
+// load reads the inventory at path with ansible-inventory or the built-in
+// parser, writing their warnings to stderr.
+func (f inventoryFlags) load(ctx context.Context, path string, stderr io.Writer) (*inventory.Inventory, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, usageErr("%v", err)
 	}
-	inv, warnings, err := inventory.ReadPath(path, f.format)
-	for _, w := range warnings {
-		fmt.Fprintf(stderr, "kpssh import-inventory: warning: %s\n", w)
+	bin, lookErr := exec.LookPath("ansible-inventory")
+	switch {
+	case f.parser == "ansible" && lookErr != nil:
+		return nil, usageErr("--parser ansible: %v", lookErr)
+	case f.parser == "builtin" || f.parser == "auto" && lookErr != nil:
+		inv, warnings, err := inventory.ReadPath(path, f.format)
+		for _, w := range warnings {
+			fmt.Fprintf(stderr, "kpssh import-inventory: warning: %s\n", w)
+		}
+		if err != nil {
+			return nil, usageErr("%s: %v", path, err)
+		}
+		return inv, nil
+	case f.parser != "auto" && f.parser != "ansible":
+		return nil, usageErr("--parser %q: want auto, ansible or builtin", f.parser)
 	}
+	out, said, err := inventory.RunAnsible(ctx, bin, path, f.timeout)
 	if err != nil {
-		return nil, usageErr("%s: %v", path, err)
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil, usageErr("%v", err)
+		}
+		return nil, runtimeErr("%v (stderr: %s)", err, said)
+	}
+	if said != "" {
+		fmt.Fprintf(stderr, "kpssh import-inventory: ansible-inventory said: %s\n", said)
+	}
+	inv, err := inventory.FromJSON(out)
+	if err != nil {
+		return nil, runtimeErr("%v", err)
 	}
 	return inv, nil
 }
@@ -381,7 +410,7 @@ func (f inventoryFlags) options() InventoryOptions {
 }
 
 // ImportInventory is `kpssh import-inventory`.
-func ImportInventory(_ context.Context, args []string, stdout, stderr io.Writer) int {
+func ImportInventory(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newSubcommand("kpssh import-inventory", ImportInventoryUsage, stderr)
 	fs := c.fs
 	defNS := os.Getenv("POOL_NAMESPACE")
@@ -390,7 +419,9 @@ func ImportInventory(_ context.Context, args []string, stdout, stderr io.Writer)
 	}
 	ns := fs.String("namespace", defNS, "pool `namespace` of the manifests; $POOL_NAMESPACE sets the default")
 	var inf inventoryFlags
+	fs.StringVar(&inf.parser, "parser", "auto", "`how` to read the inventory: auto (ansible-inventory when on PATH, else the built-in parser), ansible or builtin")
 	fs.StringVar(&inf.format, "format", "", "inventory `format` for the built-in parser: ini or yaml (default: from the extension, else the content)")
+	fs.DurationVar(&inf.timeout, "ansible-timeout", 2*time.Minute, "`bound` on ansible-inventory --list (inventory plugins may ask remote APIs)")
 	keyFile := fs.String("key-file", "", "SSH private key `path` to put into the key Secret (no Secret is written without it)")
 	secretName := fs.String("key-secret", "kpssh-ssh-key", "`name` of the key Secret the hosts reference")
 	fs.StringVar(&inf.classGroups, "class-groups", "", "comma-separated `groups` that are host classes (default: every group listing hosts)")
@@ -410,8 +441,11 @@ func ImportInventory(_ context.Context, args []string, stdout, stderr io.Writer)
 	if errs := validation.IsDNS1123Subdomain(*secretName); len(errs) > 0 {
 		return fail(usageErr("--key-secret %q: %s", *secretName, strings.Join(errs, "; ")))
 	}
+	if inf.timeout <= 0 {
+		return fail(usageErr("--ansible-timeout must be positive"))
+	}
 	path := pos[0]
-	inv, err := inf.load(path, stderr)
+	inv, err := inf.load(ctx, path, stderr)
 	if err != nil {
 		return fail(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -330,6 +331,7 @@ func TestParseInventory(t *testing.T) {
 // TestImportInventoryCommand runs the subcommand: the key Secret comes
 // first, from a real ssh-keygen key; bad keys and files are usage errors.
 func TestImportInventoryCommand(t *testing.T) {
+	t.Setenv("PATH", pathWithoutAnsible(t)) // the built-in parser: errors with lines
 	dir := t.TempDir()
 	inv := filepath.Join(dir, "hosts.ini")
 	if err := os.WriteFile(inv, []byte(pool50INI()), 0o600); err != nil {
@@ -427,6 +429,134 @@ func FuzzParseInventory(f *testing.F) {
 			}
 		}
 	})
+}
+
+// runnerAnsibleBin is the bin dir of the runner image's ansible-inventory,
+// which `make test` puts first on PATH (hack/runner-image.sh --bin); the
+// machine's, or none, fails the test. The test moves to /tmp, which the
+// image's sandbox sees (not every working directory).
+func runnerAnsibleBin(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("ansible-inventory")
+	if err != nil {
+		t.Fatalf("ansible-inventory not on PATH: run the tests through make (it puts the runner image's first: hack/runner-image.sh --bin): %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(p), "sandbox")); err != nil {
+		t.Fatalf("%s is not the runner image's ansible-inventory", p)
+	}
+	t.Chdir(t.TempDir())
+	return filepath.Dir(p)
+}
+
+// pathWithoutAnsible is $PATH without the directories holding an
+// ansible-inventory.
+func pathWithoutAnsible(t *testing.T) string {
+	t.Helper()
+	var keep []string
+	for _, d := range filepath.SplitList(os.Getenv("PATH")) {
+		if _, err := os.Stat(filepath.Join(d, "ansible-inventory")); err != nil {
+			keep = append(keep, d)
+		}
+	}
+	return strings.Join(keep, string(os.PathListSeparator))
+}
+
+// TestImportInventoryAnsible: an inventory directory whose group_vars/all.yml
+// sets ansible_user gives that user on every host through the runner
+// image's ansible-inventory — host_vars/ too, and nested class groups; with a
+// PATH that lacks ansible-inventory the built-in parser reads the hosts file,
+// warns that it does not read group_vars/ and host_vars/, and the hosts keep
+// the default user.
+func TestImportInventoryAnsible(t *testing.T) {
+	bin := runnerAnsibleBin(t)
+	dir := t.TempDir()
+	files := map[string]string{
+		"hosts":                 "[gpu]\ng[1:3] kpssh_capacity_cpu=8 kpssh_capacity_memory=32Gi\n[a100]\ng1\n[gpu:children]\na100\n[web]\nw1 kpssh_capacity_cpu=2 kpssh_capacity_memory=4Gi\n",
+		"group_vars/all.yml":    "ansible_user: deploy\n",
+		"group_vars/a100.yml":   "kpssh_capacity_nvidia_com_gpu: 8\n",
+		"host_vars/w1.yml":      "ansible_port: 2201\n",
+		"group_vars/README.txt": "not read\n",
+	}
+	for name, text := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := pathWithoutAnsible(t)
+	cases := []struct {
+		name, path string
+		args       []string
+		want       []string // "name class user port gpus"
+		warn       string
+		noWarn     string
+	}{
+		{name: "ansible-inventory on PATH", path: bin + string(os.PathListSeparator) + base,
+			want:   []string{"g1 a100 deploy 22 8", "g2 gpu deploy 22 0", "g3 gpu deploy 22 0", "w1 web deploy 2201 0"},
+			noWarn: "warning"},
+		{name: "no ansible-inventory: built-in parser", path: base,
+			want: []string{"g1 a100 root 22 0", "g2 gpu root 22 0", "g3 gpu root 22 0", "w1 web root 22 0"},
+			warn: filepath.Join(dir, "group_vars") + "/ is not read by the built-in parser"},
+		{name: "--parser builtin with ansible-inventory on PATH", path: bin + string(os.PathListSeparator) + base, args: []string{"--parser", "builtin"},
+			want: []string{"g1 a100 root 22 0", "g2 gpu root 22 0", "g3 gpu root 22 0", "w1 web root 22 0"},
+			warn: filepath.Join(dir, "host_vars") + "/ is not read by the built-in parser"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PATH", tc.path)
+			var out, errb bytes.Buffer
+			if code := ImportInventory(t.Context(), append(tc.args, dir), &out, &errb); code != ExitOK {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			var got []string
+			for _, d := range strings.Split(strings.TrimPrefix(out.String(), "---\n"), "\n---\n") {
+				var h v1beta1.SSHHost
+				if err := sigyaml.UnmarshalStrict([]byte(d), &h); err != nil {
+					t.Fatalf("decode %q: %v", d, err)
+				}
+				gpus := h.Spec.Capacity[corev1.ResourceName("nvidia-com-gpu")]
+				got = append(got, fmt.Sprintf("%s %s %s %d %s", h.Name, h.Labels[v1beta1.LabelHostClass], h.Spec.User, h.Spec.Port, gpus.String()))
+			}
+			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+			if !strings.Contains(errb.String(), tc.warn) || tc.noWarn != "" && strings.Contains(errb.String(), tc.noWarn) {
+				t.Errorf("stderr %q: want %q, not %q", errb.String(), tc.warn, tc.noWarn)
+			}
+		})
+	}
+}
+
+// TestImportInventoryParserFlag: the refusals of --parser and
+// --ansible-timeout, and ansible-inventory's own refusal passed on.
+func TestImportInventoryParserFlag(t *testing.T) {
+	bin := runnerAnsibleBin(t)
+	inv := filepath.Join(t.TempDir(), "hosts.yml")
+	if err := os.WriteFile(inv, []byte("all:\n  hosts: [a, list]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	withAnsible, without := bin+string(os.PathListSeparator)+pathWithoutAnsible(t), pathWithoutAnsible(t)
+	cases := []struct {
+		path string
+		args []string
+		err  string
+	}{
+		{without, []string{"--parser", "ansible", inv}, `--parser ansible: exec: "ansible-inventory": executable file not found`},
+		{withAnsible, []string{"--parser", "magic", inv}, `--parser "magic": want auto, ansible or builtin`},
+		{withAnsible, []string{"--ansible-timeout", "0s", inv}, "--ansible-timeout must be positive"},
+		{withAnsible, []string{inv}, "Completely failed to parse inventory source " + inv},
+		{without, []string{inv}, "line 2: group all: hosts must be a mapping"},
+	}
+	for _, tc := range cases {
+		t.Setenv("PATH", tc.path)
+		var out, errb bytes.Buffer
+		if code := ImportInventory(t.Context(), tc.args, &out, &errb); code != ExitUsage || !strings.Contains(errb.String(), tc.err) || out.Len() > 0 {
+			t.Errorf("%q: exit %d, stderr %q, want %q", tc.args, code, errb.String(), tc.err)
+		}
+	}
 }
 
 func keyPEM(t *testing.T) []byte {

@@ -9,9 +9,10 @@ import (
 	"strings"
 )
 
-// ignoredExts are the names Ansible skips in an inventory directory
-// (INVENTORY_IGNORE_EXTS).
-var ignoredExts = []string{"~", ".orig", ".ini", ".cfg", ".retry", ".pyc", ".pyo", ".swp", ".bak", ".rpm", ".md", ".txt", ".rst"}
+// ignoredExts are the names Ansible skips in an inventory directory: the
+// default INVENTORY_IGNORE_EXTS (`ansible-config dump` of the runner image's
+// ansible-core; .ini files are read).
+var ignoredExts = []string{".pyc", ".pyo", ".swp", ".bak", "~", ".rpm", ".md", ".txt", ".rst", ".orig", ".cfg", ".retry"}
 
 // varsDirs are what Ansible reads beside an inventory and this parser does
 // not.

@@ -156,7 +156,7 @@ func TestReadPath(t *testing.T) {
 	writeFiles(t, dir, map[string]string{
 		"01-hosts":             "[web]\nw1\n",
 		"02-more.yml":          "all:\n  children:\n    web:\n      hosts:\n        w2:\n",
-		"ignored.ini":          "[nope]\nx1\n",
+		"ignored.retry":        "[nope]\nx1\n",
 		"README.md":            "not an inventory\n",
 		".hidden":              "[nope]\nx2\n",
 		"dyn.sh":               "#!/bin/sh\necho '{}'\n",
