@@ -362,34 +362,46 @@ type inventoryFlags struct {
 // load reads the inventory at path with ansible-inventory or the built-in
 // parser, writing their warnings to stderr.
 func (f inventoryFlags) load(ctx context.Context, path string, stderr io.Writer) (*inventory.Inventory, error) {
+	if f.parser != "auto" && f.parser != "ansible" && f.parser != "builtin" {
+		return nil, usageErr("--parser %q: want auto, ansible or builtin", f.parser)
+	}
 	if _, err := os.Stat(path); err != nil {
 		return nil, usageErr("%v", err)
 	}
 	bin, lookErr := exec.LookPath("ansible-inventory")
 	switch {
-	case f.parser == "ansible" && lookErr != nil:
-		return nil, usageErr("--parser ansible: %v", lookErr)
 	case f.parser == "builtin" || f.parser == "auto" && lookErr != nil:
-		inv, warnings, err := inventory.ReadPath(path, f.format)
-		for _, w := range warnings {
-			fmt.Fprintf(stderr, "kpssh import-inventory: warning: %s\n", w)
-		}
-		if err != nil {
-			return nil, usageErr("%s: %v", path, err)
-		}
-		return inv, nil
-	case f.parser != "auto" && f.parser != "ansible":
-		return nil, usageErr("--parser %q: want auto, ansible or builtin", f.parser)
+		return f.loadBuiltin(path, stderr)
+	case lookErr != nil:
+		return nil, usageErr("--parser ansible: %v", lookErr)
 	}
-	out, said, err := inventory.RunAnsible(ctx, bin, path, f.timeout)
+	return f.loadAnsible(ctx, bin, path, stderr)
+}
+
+func (f inventoryFlags) loadBuiltin(path string, stderr io.Writer) (*inventory.Inventory, error) {
+	inv, warnings, err := inventory.ReadPath(path, f.format)
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "kpssh import-inventory: warning: %s\n", w)
+	}
 	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return nil, usageErr("%v", err)
-		}
-		return nil, runtimeErr("%v (stderr: %s)", err, said)
+		return nil, usageErr("%s: %v", path, err)
 	}
-	if said != "" {
+	return inv, nil
+}
+
+// loadAnsible: ansible-inventory's refusal of the inventory is a usage
+// error; its failing otherwise (a timeout) is a runtime one.
+func (f inventoryFlags) loadAnsible(ctx context.Context, bin, path string, stderr io.Writer) (*inventory.Inventory, error) {
+	out, said, err := inventory.RunAnsible(ctx, bin, path, f.timeout)
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		return nil, usageErr("%v", err)
+	case err != nil && said != "":
+		return nil, runtimeErr("%v (it said: %s)", err, said)
+	case err != nil:
+		return nil, runtimeErr("%v", err)
+	case said != "":
 		fmt.Fprintf(stderr, "kpssh import-inventory: ansible-inventory said: %s\n", said)
 	}
 	inv, err := inventory.FromJSON(out)

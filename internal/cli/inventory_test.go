@@ -531,30 +531,38 @@ func TestImportInventoryAnsible(t *testing.T) {
 }
 
 // TestImportInventoryParserFlag: the refusals of --parser and
-// --ansible-timeout, and ansible-inventory's own refusal passed on.
+// --ansible-timeout, ansible-inventory's own refusal passed on, and a hung
+// one stopped at the timeout.
 func TestImportInventoryParserFlag(t *testing.T) {
 	bin := runnerAnsibleBin(t)
 	inv := filepath.Join(t.TempDir(), "hosts.yml")
 	if err := os.WriteFile(inv, []byte("all:\n  hosts: [a, list]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A hung ansible-inventory (an inventory plugin waiting on a remote API).
+	hung := t.TempDir()
+	if err := os.WriteFile(filepath.Join(hung, "ansible-inventory"), []byte("#!/bin/sh\necho asking the cloud >&2\nexec sleep 300\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	withAnsible, without := bin+string(os.PathListSeparator)+pathWithoutAnsible(t), pathWithoutAnsible(t)
 	cases := []struct {
 		path string
 		args []string
+		code int
 		err  string
 	}{
-		{without, []string{"--parser", "ansible", inv}, `--parser ansible: exec: "ansible-inventory": executable file not found`},
-		{withAnsible, []string{"--parser", "magic", inv}, `--parser "magic": want auto, ansible or builtin`},
-		{withAnsible, []string{"--ansible-timeout", "0s", inv}, "--ansible-timeout must be positive"},
-		{withAnsible, []string{inv}, "Completely failed to parse inventory source " + inv},
-		{without, []string{inv}, "line 2: group all: hosts must be a mapping"},
+		{without, []string{"--parser", "ansible", inv}, ExitUsage, `--parser ansible: exec: "ansible-inventory": executable file not found`},
+		{withAnsible, []string{"--parser", "magic", inv}, ExitUsage, `--parser "magic": want auto, ansible or builtin`},
+		{withAnsible, []string{"--ansible-timeout", "0s", inv}, ExitUsage, "--ansible-timeout must be positive"},
+		{withAnsible, []string{inv}, ExitUsage, "Completely failed to parse inventory source " + inv},
+		{without, []string{inv}, ExitUsage, "line 2: group all: hosts must be a mapping"},
+		{hung + string(os.PathListSeparator) + without, []string{"--ansible-timeout", "300ms", inv}, ExitRuntime, "--list timed out after 300ms (it said: asking the cloud)"},
 	}
 	for _, tc := range cases {
 		t.Setenv("PATH", tc.path)
 		var out, errb bytes.Buffer
-		if code := ImportInventory(t.Context(), tc.args, &out, &errb); code != ExitUsage || !strings.Contains(errb.String(), tc.err) || out.Len() > 0 {
-			t.Errorf("%q: exit %d, stderr %q, want %q", tc.args, code, errb.String(), tc.err)
+		if code := ImportInventory(t.Context(), tc.args, &out, &errb); code != tc.code || !strings.Contains(errb.String(), tc.err) || out.Len() > 0 {
+			t.Errorf("%q: exit %d (want %d), stderr %q, want %q", tc.args, code, tc.code, errb.String(), tc.err)
 		}
 	}
 }

@@ -30,15 +30,14 @@ func ReadPath(path, format string) (*Inventory, []string, error) {
 		return nil, nil, err
 	}
 	inv := New()
-	dir := filepath.Dir(path)
 	if !info.IsDir() {
 		data, err := readBounded(path)
 		if err == nil {
 			err = inv.Add(data, formatFor(path, format), "")
 		}
-		return inv, varsDirWarnings(dir), err
+		return inv, varsDirWarnings(filepath.Dir(path)), err
 	}
-	dir = path
+	dir := path
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, nil, err
