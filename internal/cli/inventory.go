@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,13 +8,13 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
+	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/crypto/ssh"
-	"gopkg.in/yaml.v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,6 +22,7 @@ import (
 	sigyaml "sigs.k8s.io/yaml"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/inventory"
 	"github.com/dklesev/kpssh/internal/providers/pool"
 )
 
@@ -34,23 +34,11 @@ const (
 	VarNodeAddress    = "kpssh_node_address"
 )
 
-// MaxInventoryBytes bounds an inventory file (a pool of thousands of hosts is
-// well below it).
-const MaxInventoryBytes = 8 << 20
-
-// maxRangeHosts bounds what one range pattern may expand to: a typo like
-// node[1:99999999] must be an error, not an out-of-memory.
-const maxRangeHosts = 10000
-
-// maxInventoryHosts bounds a whole inventory (many large ranges).
-const maxInventoryHosts = 50000
-
-// InventoryHost is one host of an inventory, resolved: its effective
-// variables (all → ancestor groups → its groups → its own), its class and
-// where it was defined.
+// InventoryHost is one inventory host as an SSHHost: its class and what its
+// variables say, and where it was defined.
 type InventoryHost struct {
 	Name        string
-	Line        int // the line that defines the host (first occurrence)
+	Pos         inventory.Pos // where the host is first listed (unknown from ansible-inventory)
 	Class       string
 	Address     string
 	Port        int32
@@ -67,634 +55,99 @@ type InventoryOptions struct {
 	ClassGroups []string
 }
 
-// lineError is a parse error tied to a line of the input.
-type lineError struct {
-	line int
-	msg  string
-}
-
-func (e *lineError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.msg) }
-
-func errAt(line int, format string, a ...any) error {
-	return &lineError{line: line, msg: fmt.Sprintf(format, a...)}
-}
-
-// invHost is a host occurrence in one group, before resolution.
-type invHost struct {
-	line int
-	vars map[string]string
-}
-
-// invGroup is a group of the raw inventory.
-type invGroup struct {
-	name     string
-	line     int
-	hosts    map[string]invHost // direct members
-	order    []string
-	children []string
-	vars     map[string]string
-	varLine  map[string]int
-}
-
-// rawInventory is the parsed file: groups with hosts, children and vars.
-type rawInventory struct {
-	groups map[string]*invGroup
-	order  []string
-	hosts  int // host entries so far, for maxInventoryHosts
-}
-
-func newRaw() *rawInventory {
-	return &rawInventory{groups: map[string]*invGroup{}}
-}
-
-func (r *rawInventory) group(name string, line int) *invGroup {
-	g, ok := r.groups[name]
-	if !ok {
-		g = &invGroup{name: name, line: line, hosts: map[string]invHost{}, vars: map[string]string{}, varLine: map[string]int{}}
-		r.groups[name] = g
-		r.order = append(r.order, name)
-	}
-	return g
-}
-
-func (r *rawInventory) addHost(group, pattern string, line int, vars map[string]string) error {
-	names, err := expandRange(pattern)
-	if err != nil {
-		return errAt(line, "host %q: %v", pattern, err)
-	}
-	if r.hosts += len(names); r.hosts > maxInventoryHosts {
-		return errAt(line, "the inventory lists more than %d hosts", maxInventoryHosts)
-	}
-	g := r.group(group, line)
-	for _, n := range names {
-		if prev, dup := g.hosts[n]; dup {
-			return errAt(line, "host %q listed twice in group [%s] (first on line %d)", n, group, prev.line)
-		}
-		g.hosts[n] = invHost{line: line, vars: vars}
-		g.order = append(g.order, n)
-	}
-	return nil
-}
-
-// ParseInventory reads an Ansible inventory, INI or YAML (format "ini",
-// "yaml" or "" = detect from the content), and resolves its hosts. Every
-// refusal names the line it is about.
+// ParseInventory reads one inventory file with the built-in parser (format
+// "ini", "yaml" or "" = from the content) and maps its hosts.
 func ParseInventory(data []byte, format string, o InventoryOptions) ([]InventoryHost, error) {
-	if len(data) > MaxInventoryBytes {
-		return nil, fmt.Errorf("inventory is larger than %d bytes", MaxInventoryBytes)
-	}
-	if format == "" {
-		format = detectFormat(data)
-	}
-	var raw *rawInventory
-	var err error
-	switch format {
-	case "ini":
-		raw, err = parseINI(data)
-	case "yaml":
-		raw, err = parseYAMLInventory(data)
-	default:
-		return nil, fmt.Errorf("unknown inventory format %q (want ini or yaml)", format)
-	}
+	inv, err := inventory.Parse(data, format)
 	if err != nil {
 		return nil, err
 	}
-	return raw.resolve(o)
+	return inventoryHosts(inv, o)
 }
 
-// detectFormat: a YAML inventory starts with a mapping key ("all:", a group
-// name followed by ":") or a document marker; an INI one with a section or a
-// host line.
-func detectFormat(data []byte) string {
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 64*1024), MaxInventoryBytes)
-	for sc.Scan() {
-		l := strings.TrimSpace(sc.Text())
-		if l == "" || l[0] == '#' || l[0] == ';' {
-			continue
-		}
-		if l == "---" || l == "{" || (strings.HasSuffix(l, ":") && !strings.HasPrefix(l, "[")) {
-			return "yaml"
-		}
-		return "ini"
-	}
-	return "ini"
-}
-
-// parseINI reads Ansible's INI inventory: [group], [group:vars],
-// [group:children] sections, host lines "name k=v k='v w'", hosts before any
-// section in group "ungrouped", # and ; comments.
-func parseINI(data []byte) (*rawInventory, error) {
-	r := newRaw()
-	section, kind := "ungrouped", "hosts"
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 64*1024), MaxInventoryBytes)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' || line[0] == ';' {
-			continue
-		}
-		if line[0] == '[' {
-			if !strings.HasSuffix(line, "]") {
-				return nil, errAt(n, "malformed section header %q", line)
-			}
-			name := strings.TrimSpace(line[1 : len(line)-1])
-			section, kind = name, "hosts"
-			if i := strings.LastIndexByte(name, ':'); i >= 0 {
-				section, kind = name[:i], name[i+1:]
-				if kind != "vars" && kind != "children" {
-					return nil, errAt(n, "section [%s]: unknown suffix %q (want :vars or :children)", name, kind)
-				}
-			}
-			if err := validGroupName(section); err != nil {
-				return nil, errAt(n, "section [%s]: %v", name, err)
-			}
-			r.group(section, n)
-			continue
-		}
-		switch kind {
-		case "vars":
-			k, v, ok := strings.Cut(line, "=")
-			k = strings.TrimSpace(k)
-			if !ok || k == "" || strings.ContainsAny(k, " \t") {
-				return nil, errAt(n, "[%s:vars]: want NAME=VALUE, got %q", section, line)
-			}
-			val, err := unquote(strings.TrimSpace(v))
-			if err != nil {
-				return nil, errAt(n, "[%s:vars] %s: %v", section, k, err)
-			}
-			g := r.group(section, n)
-			if prev, dup := g.varLine[k]; dup {
-				return nil, errAt(n, "[%s:vars]: %s set twice (first on line %d)", section, k, prev)
-			}
-			g.vars[k], g.varLine[k] = val, n
-		case "children":
-			if strings.ContainsAny(line, " \t=") {
-				return nil, errAt(n, "[%s:children]: want one group name per line, got %q", section, line)
-			}
-			if err := validGroupName(line); err != nil {
-				return nil, errAt(n, "[%s:children] %q: %v", section, line, err)
-			}
-			g := r.group(section, n)
-			g.children = append(g.children, line)
-			r.group(line, n)
-		default:
-			fields, err := splitINIFields(line)
-			if err != nil {
-				return nil, errAt(n, "%v", err)
-			}
-			vars := map[string]string{}
-			for _, f := range fields[1:] {
-				k, v, ok := strings.Cut(f, "=")
-				if !ok || k == "" {
-					return nil, errAt(n, "host %s: want NAME=VALUE, got %q", fields[0], f)
-				}
-				if _, dup := vars[k]; dup {
-					return nil, errAt(n, "host %s: %s set twice", fields[0], k)
-				}
-				if vars[k], err = unquote(v); err != nil {
-					return nil, errAt(n, "host %s: %s: %v", fields[0], k, err)
-				}
-			}
-			// Ansible's "host:port" form (the port after any range).
-			pattern := fields[0]
-			if i := strings.LastIndexByte(pattern, ':'); i > strings.LastIndexByte(pattern, ']') && strings.Count(pattern, "[") == strings.Count(pattern, "]") {
-				if _, set := vars["ansible_port"]; set {
-					return nil, errAt(n, "host %s: port given twice (host:port and ansible_port)", pattern)
-				}
-				pattern, vars["ansible_port"] = pattern[:i], pattern[i+1:]
-			}
-			if err := r.addHost(section, pattern, n, vars); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read inventory: %w", err)
-	}
-	return r, nil
-}
-
-// splitINIFields splits a host line on blanks outside quotes, keeping the
-// quotes (unquote removes them per value). A '#' after a blank starts a
-// comment.
-func splitINIFields(line string) ([]string, error) {
-	var out []string
-	var cur strings.Builder
-	var quote byte
-	for i := 0; i < len(line); i++ {
-		c := line[i]
-		switch {
-		case quote != 0:
-			cur.WriteByte(c)
-			if c == quote {
-				quote = 0
-			}
-		case c == '\'' || c == '"':
-			quote = c
-			cur.WriteByte(c)
-		case c == ' ' || c == '\t':
-			if cur.Len() > 0 {
-				out = append(out, cur.String())
-				cur.Reset()
-			}
-		case c == '#' && cur.Len() == 0:
-			i = len(line)
-		default:
-			cur.WriteByte(c)
-		}
-	}
-	if quote != 0 {
-		return nil, fmt.Errorf("unterminated %c quote", quote)
-	}
-	if cur.Len() > 0 {
-		out = append(out, cur.String())
-	}
-	if len(out) == 0 {
-		return nil, errors.New("empty host line")
-	}
-	return out, nil
-}
-
-func unquote(v string) (string, error) {
-	if len(v) >= 2 && (v[0] == '\'' || v[0] == '"') {
-		if v[len(v)-1] != v[0] {
-			return "", fmt.Errorf("unterminated quote in %q", v)
-		}
-		return v[1 : len(v)-1], nil
-	}
-	if strings.ContainsAny(v, "'\"") {
-		return "", fmt.Errorf("stray quote in %q", v)
-	}
-	return v, nil
-}
-
-func validGroupName(name string) error {
-	if name == "" {
-		return errors.New("empty group name")
-	}
-	for _, c := range name {
-		if !(c == '_' || c == '-' || c == '.' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
-			return fmt.Errorf("group name %q has character %q", name, c)
-		}
-	}
-	return nil
-}
-
-// parseYAMLInventory reads Ansible's YAML inventory: nested groups with
-// hosts, vars and children, starting at the top-level groups (usually all).
-func parseYAMLInventory(data []byte) (*rawInventory, error) {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("inventory YAML: %w", err)
-	}
-	r := newRaw()
-	if doc.Kind == 0 || len(doc.Content) == 0 {
-		return r, nil
-	}
-	root := doc.Content[0]
-	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
-		return r, nil
-	}
-	if root.Kind != yaml.MappingNode {
-		return nil, errAt(root.Line, "inventory must be a mapping of groups")
-	}
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		if err := r.yamlGroup(root.Content[i], root.Content[i+1], 0); err != nil {
-			return nil, err
-		}
-	}
-	return r, nil
-}
-
-// yamlGroup reads one group mapping (hosts, vars, children). A group may
-// appear under several parents; its bodies merge as in Ansible (a var set to
-// two values is refused).
-func (r *rawInventory) yamlGroup(key, val *yaml.Node, depth int) error {
-	if key.Kind != yaml.ScalarNode {
-		return errAt(key.Line, "group name must be a string")
-	}
-	name := key.Value
-	if err := validGroupName(name); err != nil {
-		return errAt(key.Line, "%v", err)
-	}
-	if depth > 64 {
-		return errAt(key.Line, "groups nested deeper than 64")
-	}
-	g := r.group(name, key.Line)
-	if val.Kind == yaml.ScalarNode && val.Tag == "!!null" {
-		return nil
-	}
-	if val.Kind != yaml.MappingNode {
-		return errAt(val.Line, "group %s: want a mapping with hosts, vars, children", name)
-	}
-	keys := map[string]int{}
-	for i := 0; i+1 < len(val.Content); i += 2 {
-		k, v := val.Content[i], val.Content[i+1]
-		if prev, dup := keys[k.Value]; dup {
-			return errAt(k.Line, "group %s: %q twice (first on line %d)", name, k.Value, prev)
-		}
-		keys[k.Value] = k.Line
-		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
-			continue
-		}
-		switch k.Value {
-		case "hosts":
-			if v.Kind != yaml.MappingNode {
-				return errAt(v.Line, "group %s: hosts must be a mapping of host names", name)
-			}
-			for j := 0; j+1 < len(v.Content); j += 2 {
-				hk, hv := v.Content[j], v.Content[j+1]
-				if hk.Kind != yaml.ScalarNode || hk.Value == "" {
-					return errAt(hk.Line, "group %s: host name must be a string", name)
-				}
-				vars, _, err := yamlVars(hv, "host "+hk.Value)
-				if err != nil {
-					return err
-				}
-				if err := r.addHost(name, hk.Value, hk.Line, vars); err != nil {
-					return err
-				}
-			}
-		case "vars":
-			vars, lines, err := yamlVars(v, "group "+name+" vars")
-			if err != nil {
-				return err
-			}
-			for vk, vv := range vars {
-				if prev, dup := g.varLine[vk]; dup && g.vars[vk] != vv {
-					return errAt(lines[vk], "group %s: %s is %q here and %q on line %d", name, vk, vv, g.vars[vk], prev)
-				}
-				g.vars[vk], g.varLine[vk] = vv, lines[vk]
-			}
-		case "children":
-			if v.Kind != yaml.MappingNode {
-				return errAt(v.Line, "group %s: children must be a mapping of groups", name)
-			}
-			for j := 0; j+1 < len(v.Content); j += 2 {
-				g.children = append(g.children, v.Content[j].Value)
-				if err := r.yamlGroup(v.Content[j], v.Content[j+1], depth+1); err != nil {
-					return err
-				}
-			}
-		default:
-			return errAt(k.Line, "group %s: unknown key %q (want hosts, vars or children)", name, k.Value)
-		}
-	}
-	return nil
-}
-
-// yamlVars reads a mapping of scalar variables; a host's null value is no
-// variables. Non-scalar values (lists, dicts) are kept out: none of the
-// variables import-inventory reads is structured.
-func yamlVars(n *yaml.Node, what string) (map[string]string, map[string]int, error) {
-	vars, lines := map[string]string{}, map[string]int{}
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
-		return vars, lines, nil
-	}
-	if n.Kind != yaml.MappingNode {
-		return nil, nil, errAt(n.Line, "%s: want a mapping of variables", what)
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		if k.Kind != yaml.ScalarNode {
-			return nil, nil, errAt(k.Line, "%s: variable name must be a string", what)
-		}
-		if prev, dup := lines[k.Value]; dup {
-			return nil, nil, errAt(k.Line, "%s: %s set twice (first on line %d)", what, k.Value, prev)
-		}
-		lines[k.Value] = k.Line
-		if v.Kind == yaml.ScalarNode {
-			vars[k.Value] = v.Value
-		} else if strings.HasPrefix(k.Value, "kpssh_") || strings.HasPrefix(k.Value, "ansible_") {
-			return nil, nil, errAt(v.Line, "%s: %s must be a plain value", what, k.Value)
-		}
-	}
-	return vars, lines, nil
-}
-
-// expandRange expands Ansible host ranges: node[01:20] (width kept),
-// node[1:9:2] (step), rack[a:f]; several ranges multiply.
-func expandRange(pattern string) ([]string, error) {
-	i := strings.IndexByte(pattern, '[')
-	if i < 0 {
-		if strings.ContainsRune(pattern, ']') {
-			return nil, errors.New("']' without '['")
-		}
-		return []string{pattern}, nil
-	}
-	j := strings.IndexByte(pattern[i:], ']')
-	if j < 0 {
-		return nil, errors.New("unterminated range '['")
-	}
-	j += i
-	body := pattern[i+1 : j]
-	parts := strings.Split(body, ":")
-	if len(parts) < 2 || len(parts) > 3 {
-		return nil, fmt.Errorf("range [%s]: want [start:end] or [start:end:step]", body)
-	}
-	step := 1
-	if len(parts) == 3 {
-		s, err := strconv.Atoi(parts[2])
-		if err != nil || s < 1 {
-			return nil, fmt.Errorf("range [%s]: step must be a positive integer", body)
-		}
-		step = s
-	}
-	var items []string
-	lo, hi := parts[0], parts[1]
-	if a, errA := strconv.Atoi(lo); errA == nil {
-		b, errB := strconv.Atoi(hi)
-		if errB != nil || a < 0 || b < a {
-			return nil, fmt.Errorf("range [%s]: want numbers start ≤ end", body)
-		}
-		if (b-a)/step+1 > maxRangeHosts {
-			return nil, fmt.Errorf("range [%s] expands to more than %d hosts", body, maxRangeHosts)
-		}
-		width := 0
-		if len(lo) > 1 && lo[0] == '0' {
-			width = len(lo)
-		}
-		for k := a; k <= b; k += step {
-			items = append(items, fmt.Sprintf("%0*d", width, k))
-		}
-	} else {
-		if len(lo) != 1 || len(hi) != 1 || !isLower(lo[0]) || !isLower(hi[0]) || hi[0] < lo[0] {
-			return nil, fmt.Errorf("range [%s]: want numbers or single lowercase letters start ≤ end", body)
-		}
-		for c := int(lo[0]); c <= int(hi[0]); c += step {
-			items = append(items, string(rune(c)))
-		}
-	}
-	rest, err := expandRange(pattern[j+1:])
+// inventoryHosts maps the resolved hosts to SSHHosts: their class, address,
+// user, capacity; one host per machine.
+func inventoryHosts(inv *inventory.Inventory, o InventoryOptions) ([]InventoryHost, error) {
+	hosts, err := inv.Hosts()
 	if err != nil {
 		return nil, err
 	}
-	if len(items)*len(rest) > maxRangeHosts {
-		return nil, fmt.Errorf("%q expands to more than %d hosts", pattern, maxRangeHosts)
-	}
-	out := make([]string, 0, len(items)*len(rest))
-	for _, it := range items {
-		for _, r := range rest {
-			out = append(out, pattern[:i]+it+r)
-		}
-	}
-	return out, nil
-}
-
-func isLower(c byte) bool { return c >= 'a' && c <= 'z' }
-
-// resolve computes each host's groups (direct ones and their ancestors),
-// variables and class, and validates what becomes an SSHHost.
-func (r *rawInventory) resolve(o InventoryOptions) ([]InventoryHost, error) {
-	parents := map[string][]string{}
-	for _, name := range r.order {
-		for _, c := range r.groups[name].children {
-			parents[c] = append(parents[c], name)
-		}
-	}
-	// Each group's depth (longest parent chain) and ancestor set, memoized:
-	// enumerating paths would be exponential in diamond-shaped children.
-	// Variables apply in Ansible's order: all, then groups by depth, then
-	// name, then the host's own.
-	const visiting = -1
-	depth := map[string]int{}
-	anc := map[string]map[string]bool{}
-	var visit func(g string) error
-	visit = func(g string) error {
-		if d, ok := depth[g]; ok {
-			if d == visiting {
-				return errAt(r.groups[g].line, "group %s is its own ancestor (children cycle)", g)
-			}
-			return nil
-		}
-		depth[g] = visiting
-		d, set := 0, map[string]bool{}
-		for _, p := range parents[g] {
-			if err := visit(p); err != nil {
-				return err
-			}
-			d = max(d, depth[p]+1)
-			set[p] = true
-			for a := range anc[p] {
-				set[a] = true
-			}
-		}
-		depth[g], anc[g] = d, set
-		return nil
-	}
-	for _, name := range r.order {
-		if err := visit(name); err != nil {
-			return nil, err
-		}
-	}
-
 	classGroups := map[string]bool{}
 	for _, c := range o.ClassGroups {
-		if _, ok := r.groups[c]; !ok {
+		if !inv.HasGroup(c) {
 			return nil, fmt.Errorf("--class-groups: no group %q in the inventory", c)
 		}
 		classGroups[c] = true
 	}
 	if len(o.ClassGroups) == 0 {
-		for name, g := range r.groups {
-			if len(g.hosts) > 0 && name != "all" && name != "ungrouped" {
-				classGroups[name] = true
-			}
-		}
-	}
-
-	type occ struct {
-		group string
-		h     invHost
-	}
-	byHost := map[string][]occ{}
-	var hostOrder []string
-	for _, name := range r.order {
-		g := r.groups[name]
-		for _, h := range g.order {
-			if _, ok := byHost[h]; !ok {
-				hostOrder = append(hostOrder, h)
-			}
-			byHost[h] = append(byHost[h], occ{name, g.hosts[h]})
-		}
-	}
-
-	var out []InventoryHost
-	for _, name := range hostOrder {
-		occs := byHost[name]
-		first := occs[0].h.line
-		for _, oc := range occs {
-			first = min(first, oc.h.line)
-		}
-		// The groups of the host, in precedence order, and its own vars.
-		set := map[string]bool{}
-		own := map[string]string{}
-		ownLine := map[string]int{}
-		for _, oc := range occs {
-			set[oc.group] = true
-			for g := range anc[oc.group] {
-				set[g] = true
-			}
-			for k, v := range oc.h.vars {
-				if prev, ok := own[k]; ok && prev != v {
-					return nil, errAt(oc.h.line, "host %s: %s is %q here and %q on line %d", name, k, v, prev, ownLine[k])
-				}
-				own[k], ownLine[k] = v, oc.h.line
-			}
-		}
-		delete(set, "all")
-		groups := make([]string, 0, len(set)+1)
-		for g := range set {
-			groups = append(groups, g)
-		}
-		sort.Slice(groups, func(i, j int) bool {
-			if depth[groups[i]] != depth[groups[j]] {
-				return depth[groups[i]] < depth[groups[j]]
-			}
-			return groups[i] < groups[j]
-		})
-		if _, ok := r.groups["all"]; ok {
-			groups = append([]string{"all"}, groups...)
-		}
-		vars := map[string]string{}
-		for _, g := range groups {
-			for k, v := range r.groups[g].vars {
-				vars[k] = v
-			}
-		}
-		for k, v := range own {
-			vars[k] = v
-		}
-
-		var class string
-		classLine := 0
-		for _, g := range groups {
-			if !classGroups[g] {
-				continue
-			}
-			line := r.groups[g].line
-			for _, oc := range occs {
-				if oc.group == g {
-					line = oc.h.line
+		for _, h := range hosts {
+			for _, m := range h.Groups {
+				if m.Direct && m.Group != "all" && m.Group != "ungrouped" {
+					classGroups[m.Group] = true
 				}
 			}
-			if class != "" {
-				return nil, errAt(max(line, classLine), "host %s is in two class groups, %s (line %d) and %s (line %d): a host has one class (pick the class groups with --class-groups)", name, class, classLine, g, line)
-			}
-			class, classLine = g, line
 		}
-		h, err := inventoryHost(name, first, class, vars)
+	}
+	out := make([]InventoryHost, 0, len(hosts))
+	for _, h := range hosts {
+		class, err := classOf(inv, h, classGroups)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, h)
+		ih, err := inventoryHost(h.Name, h.Pos, class, h.Vars)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ih)
 	}
-
 	if err := oneHostPerMachine(out); err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// classOf is the host's class: the most specific of its class groups, the
+// one no other of them is a child (or grandchild…) of — as Ansible's group
+// depth ranks a child above its parent. Class groups on unrelated branches
+// are refused: a host has one class.
+func classOf(inv *inventory.Inventory, h inventory.Host, classGroups map[string]bool) (string, error) {
+	var most []inventory.Membership
+	for _, c := range h.Groups {
+		if !classGroups[c.Group] {
+			continue
+		}
+		specific := true
+		for _, d := range h.Groups {
+			if classGroups[d.Group] && d.Group != c.Group && inv.Contains(c.Group, d.Group) {
+				specific = false
+				break
+			}
+		}
+		if specific {
+			most = append(most, c)
+		}
+	}
+	if len(most) < 2 {
+		if len(most) == 0 {
+			return "", nil
+		}
+		return most[0].Group, nil
+	}
+	a, b := most[0], most[1]
+	at := a.Pos
+	if at.Before(b.Pos) {
+		at = b.Pos
+	}
+	return "", inventory.At(at, "host %s is in two class groups, %s%s and %s%s, neither inside the other: a host has one class (pick the class groups with --class-groups)",
+		h.Name, a.Group, paren(a.Pos), b.Group, paren(b.Pos))
+}
+
+// paren is " (line 5)", or "" for an unknown position.
+func paren(p inventory.Pos) string {
+	if s := p.String(); s != "" {
+		return " (" + s + ")"
+	}
+	return ""
 }
 
 // maxDuplicateErrors bounds the duplicates one refusal lists.
@@ -718,7 +171,7 @@ func oneHostPerMachine(hosts []InventoryHost) error {
 	for _, h := range hosts {
 		k := pool.AddressIdentity(h.Address, h.Port)
 		if prev, dup := byAddr[k]; dup {
-			report(errAt(h.Line, "host %s has the address %s of host %s (line %d)", h.Name, k, prev.Name, prev.Line))
+			report(inventory.At(h.Pos, "host %s has the address %s of host %s%s", h.Name, k, prev.Name, paren(prev.Pos)))
 			continue
 		}
 		byAddr[k] = h
@@ -727,8 +180,8 @@ func oneHostPerMachine(hosts []InventoryHost) error {
 			continue
 		}
 		if prev, dup := byNode[nk]; dup {
-			report(errAt(h.Line, "host %s has the node address %s of host %s (line %d) (%s, else the address when it is an IP: give each host its own %s)",
-				h.Name, nk, prev.Name, prev.Line, VarNodeAddress, VarNodeAddress))
+			report(inventory.At(h.Pos, "host %s has the node address %s of host %s%s (%s, else the address when it is an IP: give each host its own %s)",
+				h.Name, nk, prev.Name, paren(prev.Pos), VarNodeAddress, VarNodeAddress))
 			continue
 		}
 		byNode[nk] = h
@@ -742,38 +195,38 @@ func oneHostPerMachine(hosts []InventoryHost) error {
 	return errors.Join(errs...)
 }
 
-func inventoryHost(name string, line int, class string, vars map[string]string) (InventoryHost, error) {
-	h := InventoryHost{Name: name, Line: line, Class: class, Address: name, Port: 22, User: "root", Capacity: corev1.ResourceList{}, Vars: vars}
+func inventoryHost(name string, pos inventory.Pos, class string, vars map[string]string) (InventoryHost, error) {
+	h := InventoryHost{Name: name, Pos: pos, Class: class, Address: name, Port: 22, User: "root", Capacity: corev1.ResourceList{}, Vars: vars}
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-		return h, errAt(line, "host %q cannot be an SSHHost name: %s", name, strings.Join(errs, "; "))
+		return h, inventory.At(pos, "host %q cannot be an SSHHost name: %s", name, strings.Join(errs, "; "))
 	}
 	if class != "" {
 		if errs := validation.IsValidLabelValue(class); len(errs) > 0 {
-			return h, errAt(line, "host %s: class %q is not a label value: %s", name, class, strings.Join(errs, "; "))
+			return h, inventory.At(pos, "host %s: class %q is not a label value: %s", name, class, strings.Join(errs, "; "))
 		}
 	}
 	if v, ok := vars["ansible_host"]; ok {
 		h.Address = v
 	}
 	if net.ParseIP(h.Address) == nil && len(validation.IsDNS1123Subdomain(strings.ToLower(h.Address))) > 0 {
-		return h, errAt(line, "host %s: address %q is neither an IP nor a DNS name", name, h.Address)
+		return h, inventory.At(pos, "host %s: address %q is neither an IP nor a DNS name", name, h.Address)
 	}
 	if v, ok := vars["ansible_port"]; ok {
 		p, err := strconv.Atoi(v)
 		if err != nil || p < 1 || p > 65535 {
-			return h, errAt(line, "host %s: ansible_port %q is not a port (1-65535)", name, v)
+			return h, inventory.At(pos, "host %s: ansible_port %q is not a port (1-65535)", name, v)
 		}
 		h.Port = int32(p)
 	}
 	if v, ok := vars["ansible_user"]; ok {
 		if v == "" || len(v) > 32 || strings.ContainsAny(v, " \t/:@") {
-			return h, errAt(line, "host %s: ansible_user %q is not a user name (1-32 characters)", name, v)
+			return h, inventory.At(pos, "host %s: ansible_user %q is not a user name (1-32 characters)", name, v)
 		}
 		h.User = v
 	}
 	if v, ok := vars[VarNodeAddress]; ok {
 		if net.ParseIP(v) == nil {
-			return h, errAt(line, "host %s: %s %q is not an IP", name, VarNodeAddress, v)
+			return h, inventory.At(pos, "host %s: %s %q is not an IP", name, VarNodeAddress, v)
 		}
 		h.NodeAddress = v
 	}
@@ -784,17 +237,17 @@ func inventoryHost(name string, line int, class string, vars map[string]string) 
 		}
 		res = strings.ReplaceAll(res, "_", "-")
 		if errs := validation.IsQualifiedName(res); res == "" || len(errs) > 0 {
-			return h, errAt(line, "host %s: %s does not name a resource", name, k)
+			return h, inventory.At(pos, "host %s: %s does not name a resource", name, k)
 		}
 		q, err := resource.ParseQuantity(v)
 		if err != nil || q.Sign() <= 0 {
-			return h, errAt(line, "host %s: %s %q is not a positive quantity", name, k, v)
+			return h, inventory.At(pos, "host %s: %s %q is not a positive quantity", name, k, v)
 		}
 		h.Capacity[corev1.ResourceName(res)] = q
 	}
 	for _, need := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 		if _, ok := h.Capacity[need]; !ok {
-			return h, errAt(line, "host %s: missing capacity %s (set %s%s for the host or one of its groups)", name, need, VarCapacityPrefix, need)
+			return h, inventory.At(pos, "host %s: missing capacity %s (set %s%s for the host or one of its groups)", name, need, VarCapacityPrefix, need)
 		}
 	}
 	return h, nil
@@ -872,30 +325,104 @@ func keySecret(path, name, ns string) (*corev1.Secret, error) {
 }
 
 // ImportInventoryUsage is import-inventory's help text.
-const ImportInventoryUsage = `usage: kpssh import-inventory [flags] FILE
+const ImportInventoryUsage = `usage: kpssh import-inventory [flags] INVENTORY
 
-Turns an Ansible inventory (INI or YAML) into SSHHost manifests on stdout,
-preceded by the key Secret when --key-file is given:
+Turns an Ansible inventory (a file or a directory) into SSHHost manifests on
+stdout, preceded by the key Secret when --key-file is given:
 
   ansible_host / ansible_port / ansible_user  → spec.address / port / user (INI host:port works too)
   kpssh_capacity_cpu, _memory, _pods, …       → spec.capacity (cpu and memory required)
   kpssh_node_address                          → spec.nodeAddress
   the group listing a host                    → label karpenter.dklesev.github.io/host-class
 
-Variables resolve like Ansible's (all:vars, parent groups, the group, the
-host); ranges like node[01:20] expand. Ambiguous input is refused with its
-line: a host in two class groups, a host listed twice, a bad range, a missing
-capacity, two hosts of one machine (the same address and port, or the same
-node address, compared normalised: 2001:DB8:0::1 is 2001:db8::1, names in
-any case are one; names are not resolved). Apply with:
+With ansible-inventory on PATH, the inventory is what "ansible-inventory
+--list" resolves (group_vars/, host_vars/, plugins, all of Ansible's rules).
+Without it, a built-in parser reads INI and YAML files (all:vars, parent
+groups, the group, the host; ranges like node[01:20]) and warns about the
+group_vars/ and host_vars/ it does not read. A host in a group and in its
+child group takes the child's class. Ambiguous input is refused (with its
+line, when the built-in parser read it): a host in two unrelated class
+groups, a host listed twice, a bad range, a missing capacity, two hosts of
+one machine (the same address and port, or the same node address, compared
+normalised: 2001:DB8:0::1 is 2001:db8::1, names in any case are one; names
+are not resolved). Apply with:
 
   kpssh import-inventory --key-file ~/.ssh/pool inventory.ini | kubectl apply -f -
 
 flags:
 `
 
+// inventoryFlags are how import-inventory reads the inventory.
+type inventoryFlags struct {
+	parser, format string
+	timeout        time.Duration
+	classGroups    string
+}
+
+// load reads the inventory at path with ansible-inventory or the built-in
+// parser, writing their warnings to stderr.
+func (f inventoryFlags) load(ctx context.Context, path string, stderr io.Writer) (*inventory.Inventory, error) {
+	if f.parser != "auto" && f.parser != "ansible" && f.parser != "builtin" {
+		return nil, usageErr("--parser %q: want auto, ansible or builtin", f.parser)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, usageErr("%v", err)
+	}
+	bin, lookErr := exec.LookPath("ansible-inventory")
+	switch {
+	case f.parser == "builtin" || f.parser == "auto" && lookErr != nil:
+		return f.loadBuiltin(path, stderr)
+	case lookErr != nil:
+		return nil, usageErr("--parser ansible: %v", lookErr)
+	}
+	return f.loadAnsible(ctx, bin, path, stderr)
+}
+
+func (f inventoryFlags) loadBuiltin(path string, stderr io.Writer) (*inventory.Inventory, error) {
+	inv, warnings, err := inventory.ReadPath(path, f.format)
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "kpssh import-inventory: warning: %s\n", w)
+	}
+	if err != nil {
+		return nil, usageErr("%s: %v", path, err)
+	}
+	return inv, nil
+}
+
+// loadAnsible: ansible-inventory's refusal of the inventory is a usage
+// error; its failing otherwise (a timeout) is a runtime one.
+func (f inventoryFlags) loadAnsible(ctx context.Context, bin, path string, stderr io.Writer) (*inventory.Inventory, error) {
+	out, said, err := inventory.RunAnsible(ctx, bin, path, f.timeout)
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		return nil, usageErr("%v", err)
+	case err != nil && said != "":
+		return nil, runtimeErr("%v (it said: %s)", err, said)
+	case err != nil:
+		return nil, runtimeErr("%v", err)
+	case said != "":
+		fmt.Fprintf(stderr, "kpssh import-inventory: ansible-inventory said: %s\n", said)
+	}
+	inv, err := inventory.FromJSON(out)
+	if err != nil {
+		return nil, runtimeErr("%v", err)
+	}
+	return inv, nil
+}
+
+func (f inventoryFlags) options() InventoryOptions {
+	var o InventoryOptions
+	for _, g := range strings.Split(f.classGroups, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			o.ClassGroups = append(o.ClassGroups, g)
+		}
+	}
+	return o
+}
+
 // ImportInventory is `kpssh import-inventory`.
-func ImportInventory(_ context.Context, args []string, stdout, stderr io.Writer) int {
+func ImportInventory(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := newSubcommand("kpssh import-inventory", ImportInventoryUsage, stderr)
 	fs := c.fs
 	defNS := os.Getenv("POOL_NAMESPACE")
@@ -903,17 +430,20 @@ func ImportInventory(_ context.Context, args []string, stdout, stderr io.Writer)
 		defNS = v1beta1.DefaultPoolNamespace
 	}
 	ns := fs.String("namespace", defNS, "pool `namespace` of the manifests; $POOL_NAMESPACE sets the default")
-	format := fs.String("format", "", "inventory `format`: ini or yaml (default: from the content)")
+	var inf inventoryFlags
+	fs.StringVar(&inf.parser, "parser", "auto", "`how` to read the inventory: auto (ansible-inventory when on PATH, else the built-in parser), ansible or builtin")
+	fs.StringVar(&inf.format, "format", "", "inventory `format` for the built-in parser: ini or yaml (default: from the extension, else the content)")
+	fs.DurationVar(&inf.timeout, "ansible-timeout", 2*time.Minute, "`bound` on ansible-inventory --list (inventory plugins may ask remote APIs)")
 	keyFile := fs.String("key-file", "", "SSH private key `path` to put into the key Secret (no Secret is written without it)")
 	secretName := fs.String("key-secret", "kpssh-ssh-key", "`name` of the key Secret the hosts reference")
-	classGroups := fs.String("class-groups", "", "comma-separated `groups` that are host classes (default: every group listing hosts)")
+	fs.StringVar(&inf.classGroups, "class-groups", "", "comma-separated `groups` that are host classes (default: every group listing hosts)")
 	pos, code, done := c.parse(args)
 	if done {
 		return code
 	}
 	fail := c.fail
 	if len(pos) != 1 {
-		fmt.Fprintf(stderr, "kpssh import-inventory: want FILE, got %d argument(s)\n", len(pos))
+		fmt.Fprintf(stderr, "kpssh import-inventory: want INVENTORY, got %d argument(s)\n", len(pos))
 		fs.Usage()
 		return ExitUsage
 	}
@@ -923,31 +453,15 @@ func ImportInventory(_ context.Context, args []string, stdout, stderr io.Writer)
 	if errs := validation.IsDNS1123Subdomain(*secretName); len(errs) > 0 {
 		return fail(usageErr("--key-secret %q: %s", *secretName, strings.Join(errs, "; ")))
 	}
-	var o InventoryOptions
-	for _, g := range strings.Split(*classGroups, ",") {
-		if g = strings.TrimSpace(g); g != "" {
-			o.ClassGroups = append(o.ClassGroups, g)
-		}
+	if inf.timeout <= 0 {
+		return fail(usageErr("--ansible-timeout must be positive"))
 	}
 	path := pos[0]
-	f, err := os.Open(path)
+	inv, err := inf.load(ctx, path, stderr)
 	if err != nil {
-		return fail(usageErr("%v", err))
+		return fail(err)
 	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxInventoryBytes+1))
-	f.Close()
-	if err != nil {
-		return fail(usageErr("read %s: %v", path, err))
-	}
-	if *format == "" {
-		switch strings.ToLower(filepath.Ext(path)) {
-		case ".yml", ".yaml", ".json":
-			*format = "yaml"
-		case ".ini", ".cfg":
-			*format = "ini"
-		}
-	}
-	hosts, err := ParseInventory(data, *format, o)
+	hosts, err := inventoryHosts(inv, inf.options())
 	if err != nil {
 		return fail(usageErr("%s: %v", path, err))
 	}
@@ -962,20 +476,7 @@ func ImportInventory(_ context.Context, args []string, stdout, stderr io.Writer)
 		}
 		objs = append(objs, s)
 	}
-	keyVars := map[string]bool{}
-	for _, h := range hosts {
-		if v := h.Vars["ansible_ssh_private_key_file"] + h.Vars["ansible_private_key_file"]; v != "" {
-			keyVars[h.Name] = true
-		}
-	}
-	if len(keyVars) > 0 {
-		names := make([]string, 0, len(keyVars))
-		for n := range keyVars {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		fmt.Fprintf(stderr, "kpssh import-inventory: warning: %d host(s) set a private key file (%s…); every host references Secret %s\n", len(names), names[0], *secretName)
-	}
+	warnKeyFiles(hosts, *secretName, stderr)
 	for _, h := range InventoryManifests(hosts, *ns, *secretName) {
 		objs = append(objs, h)
 	}
@@ -984,4 +485,18 @@ func ImportInventory(_ context.Context, args []string, stdout, stderr io.Writer)
 	}
 	fmt.Fprintf(stderr, "kpssh import-inventory: %d SSHHost(s) in namespace %s\n", len(hosts), *ns)
 	return ExitOK
+}
+
+// warnKeyFiles: a host's own private key file is not what it will use.
+func warnKeyFiles(hosts []InventoryHost, secretName string, stderr io.Writer) {
+	var names []string
+	for _, h := range hosts {
+		if h.Vars["ansible_ssh_private_key_file"]+h.Vars["ansible_private_key_file"] != "" {
+			names = append(names, h.Name)
+		}
+	}
+	if len(names) > 0 {
+		sort.Strings(names)
+		fmt.Fprintf(stderr, "kpssh import-inventory: warning: %d host(s) set a private key file (%s…); every host references Secret %s\n", len(names), names[0], secretName)
+	}
 }

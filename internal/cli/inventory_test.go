@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -214,6 +215,7 @@ func TestParseInventory(t *testing.T) {
 		opts               InventoryOptions
 		want               []string // "name class address:port user" per host
 		err                string
+		notIn              string // must not be in the error
 	}{
 		{name: "ungrouped host has no class", text: "h1 kpssh_capacity_cpu=1 kpssh_capacity_memory=1Gi\n",
 			want: []string{"h1  h1:22 root"}},
@@ -276,7 +278,21 @@ func TestParseInventory(t *testing.T) {
 		{name: "host var without =", text: "h1 foo\n", err: `line 1: host h1: want NAME=VALUE, got "foo"`},
 		{name: "unterminated quote", text: "h1 x='a b\n", err: "line 1: unterminated ' quote"},
 		{name: "conflicting host vars", text: "[a]\nh1 ansible_port=1\n[b]\nh1 ansible_port=2\n", opts: InventoryOptions{ClassGroups: []string{"a"}},
-			err: `line 4: host h1: ansible_port is "2" here and "1" on line 2`},
+			err: "line 4: host h1: ansible_port has another value here than on line 2"},
+		// The values may be passwords: the refusal names the variable only.
+		{name: "conflicting secret host vars", text: "[a]\nh1 ansible_password=hunter2-first\n[b]\nh1 ansible_password=hunter2-second\n", opts: InventoryOptions{ClassGroups: []string{"a"}},
+			err: "line 4: host h1: ansible_password has another value here than on line 2", notIn: "hunter2"},
+		{name: "conflicting secret group vars", format: "yaml", text: "all:\n  children:\n    a:\n      vars: {ansible_become_password: s3cret-one}\n    b:\n      children:\n        a:\n          vars: {ansible_become_password: s3cret-two}\n",
+			err: "line 8: group a: ansible_become_password has another value here than on line 4", notIn: "s3cret"},
+		{name: "host in a group and its child group takes the child's class",
+			text: "[all:vars]\nkpssh_capacity_cpu=1\nkpssh_capacity_memory=1Gi\n[gpu]\nh1\nh2\n[gpu-a100]\nh1\n[gpu:children]\ngpu-a100\n",
+			want: []string{"h1 gpu-a100 h1:22 root", "h2 gpu h2:22 root"}},
+		{name: "grandchild class wins over the grandparent's", format: "yaml",
+			text: "all:\n  vars: {kpssh_capacity_cpu: 1, kpssh_capacity_memory: 1Gi}\n  children:\n    big:\n      hosts: {h1: }\n      children:\n        mid:\n          children:\n            small:\n              hosts: {h1: }\n",
+			opts: InventoryOptions{ClassGroups: []string{"big", "small"}},
+			want: []string{"h1 small h1:22 root"}},
+		{name: "class groups on two branches under one parent", text: "[p:children]\na\nb\n[a]\nh1\n[b]\nh1\n",
+			err: "line 7: host h1 is in two class groups, a (line 5) and b (line 7), neither inside the other"},
 		{name: "children cycle", text: "[a:children]\nb\n[b:children]\na\n[a]\nh1\n", err: "children cycle"},
 		{name: "unknown class group", text: "h1\n", opts: InventoryOptions{ClassGroups: []string{"nope"}}, err: `no group "nope"`},
 		{name: "yaml duplicate host", format: "yaml", text: "all:\n  hosts:\n    h1:\n    h1:\n", err: "line 4"},
@@ -292,6 +308,9 @@ func TestParseInventory(t *testing.T) {
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				if tc.notIn != "" && strings.Contains(err.Error(), tc.notIn) {
+					t.Fatalf("error %q quotes %q", err, tc.notIn)
 				}
 				return
 			}
@@ -312,6 +331,7 @@ func TestParseInventory(t *testing.T) {
 // TestImportInventoryCommand runs the subcommand: the key Secret comes
 // first, from a real ssh-keygen key; bad keys and files are usage errors.
 func TestImportInventoryCommand(t *testing.T) {
+	t.Setenv("PATH", pathWithoutAnsible(t)) // the built-in parser: errors with lines
 	dir := t.TempDir()
 	inv := filepath.Join(dir, "hosts.ini")
 	if err := os.WriteFile(inv, []byte(pool50INI()), 0o600); err != nil {
@@ -340,7 +360,7 @@ func TestImportInventoryCommand(t *testing.T) {
 		{[]string{"--key-file", notKey, inv}, ExitUsage, "", "not an SSH private key"},
 		{[]string{"--key-file", filepath.Join(dir, "missing"), inv}, ExitUsage, "", "no such file"},
 		{[]string{filepath.Join(dir, "missing.ini")}, ExitUsage, "", "no such file"},
-		{[]string{}, ExitUsage, "", "want FILE"},
+		{[]string{}, ExitUsage, "", "want INVENTORY"},
 		{[]string{"--namespace", "Bad_NS", inv}, ExitUsage, "", "--namespace"},
 		{[]string{"--format", "toml", inv}, ExitUsage, "", "unknown inventory format"},
 	}
@@ -357,33 +377,6 @@ func TestImportInventoryCommand(t *testing.T) {
 		}
 		if strings.Contains(errb.String(), "PRIVATE KEY") {
 			t.Errorf("%q: key material on stderr", tc.args)
-		}
-	}
-}
-
-func TestExpandRange(t *testing.T) {
-	cases := []struct {
-		in   string
-		want string
-		err  bool
-	}{
-		{"h", "h", false},
-		{"node[01:03]", "node01 node02 node03", false},
-		{"node[8:10]", "node8 node9 node10", false},
-		{"node[001:002].x", "node001.x node002.x", false},
-		{"r[a:c]", "ra rb rc", false},
-		{"r[a:e:2]", "ra rc re", false},
-		{"x]", "", true},
-		{"x[1]", "", true},
-		{"x[1:2:3:4]", "", true},
-		{"x[-1:2]", "", true},
-		{"x[A:C]", "", true},
-		{"x[1:2", "", true},
-	}
-	for _, tc := range cases {
-		got, err := expandRange(tc.in)
-		if (err != nil) != tc.err || strings.Join(got, " ") != tc.want {
-			t.Errorf("expandRange(%q) = %q, %v", tc.in, got, err)
 		}
 	}
 }
@@ -436,6 +429,142 @@ func FuzzParseInventory(f *testing.F) {
 			}
 		}
 	})
+}
+
+// runnerAnsibleBin is the bin dir of the runner image's ansible-inventory,
+// which `make test` puts first on PATH (hack/runner-image.sh --bin); the
+// machine's, or none, fails the test. The test moves to /tmp, which the
+// image's sandbox sees (not every working directory).
+func runnerAnsibleBin(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("ansible-inventory")
+	if err != nil {
+		t.Fatalf("ansible-inventory not on PATH: run the tests through make (it puts the runner image's first: hack/runner-image.sh --bin): %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(p), "sandbox")); err != nil {
+		t.Fatalf("%s is not the runner image's ansible-inventory", p)
+	}
+	t.Chdir(t.TempDir())
+	return filepath.Dir(p)
+}
+
+// pathWithoutAnsible is $PATH without the directories holding an
+// ansible-inventory.
+func pathWithoutAnsible(t *testing.T) string {
+	t.Helper()
+	var keep []string
+	for _, d := range filepath.SplitList(os.Getenv("PATH")) {
+		if _, err := os.Stat(filepath.Join(d, "ansible-inventory")); err != nil {
+			keep = append(keep, d)
+		}
+	}
+	return strings.Join(keep, string(os.PathListSeparator))
+}
+
+// TestImportInventoryAnsible: an inventory directory whose group_vars/all.yml
+// sets ansible_user gives that user on every host through the runner
+// image's ansible-inventory — host_vars/ too, and nested class groups; with a
+// PATH that lacks ansible-inventory the built-in parser reads the hosts file,
+// warns that it does not read group_vars/ and host_vars/, and the hosts keep
+// the default user.
+func TestImportInventoryAnsible(t *testing.T) {
+	bin := runnerAnsibleBin(t)
+	dir := t.TempDir()
+	files := map[string]string{
+		"hosts":                 "[gpu]\ng[1:3] kpssh_capacity_cpu=8 kpssh_capacity_memory=32Gi\n[a100]\ng1\n[gpu:children]\na100\n[web]\nw1 kpssh_capacity_cpu=2 kpssh_capacity_memory=4Gi\n",
+		"group_vars/all.yml":    "ansible_user: deploy\n",
+		"group_vars/a100.yml":   "kpssh_capacity_nvidia_com_gpu: 8\n",
+		"host_vars/w1.yml":      "ansible_port: 2201\n",
+		"group_vars/README.txt": "not read\n",
+	}
+	for name, text := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := pathWithoutAnsible(t)
+	cases := []struct {
+		name, path string
+		args       []string
+		want       []string // "name class user port gpus"
+		warn       string
+		noWarn     string
+	}{
+		{name: "ansible-inventory on PATH", path: bin + string(os.PathListSeparator) + base,
+			want:   []string{"g1 a100 deploy 22 8", "g2 gpu deploy 22 0", "g3 gpu deploy 22 0", "w1 web deploy 2201 0"},
+			noWarn: "warning"},
+		{name: "no ansible-inventory: built-in parser", path: base,
+			want: []string{"g1 a100 root 22 0", "g2 gpu root 22 0", "g3 gpu root 22 0", "w1 web root 22 0"},
+			warn: filepath.Join(dir, "group_vars") + "/ is not read by the built-in parser"},
+		{name: "--parser builtin with ansible-inventory on PATH", path: bin + string(os.PathListSeparator) + base, args: []string{"--parser", "builtin"},
+			want: []string{"g1 a100 root 22 0", "g2 gpu root 22 0", "g3 gpu root 22 0", "w1 web root 22 0"},
+			warn: filepath.Join(dir, "host_vars") + "/ is not read by the built-in parser"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PATH", tc.path)
+			var out, errb bytes.Buffer
+			if code := ImportInventory(t.Context(), append(tc.args, dir), &out, &errb); code != ExitOK {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			var got []string
+			for _, d := range strings.Split(strings.TrimPrefix(out.String(), "---\n"), "\n---\n") {
+				var h v1beta1.SSHHost
+				if err := sigyaml.UnmarshalStrict([]byte(d), &h); err != nil {
+					t.Fatalf("decode %q: %v", d, err)
+				}
+				gpus := h.Spec.Capacity[corev1.ResourceName("nvidia-com-gpu")]
+				got = append(got, fmt.Sprintf("%s %s %s %d %s", h.Name, h.Labels[v1beta1.LabelHostClass], h.Spec.User, h.Spec.Port, gpus.String()))
+			}
+			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+			if !strings.Contains(errb.String(), tc.warn) || tc.noWarn != "" && strings.Contains(errb.String(), tc.noWarn) {
+				t.Errorf("stderr %q: want %q, not %q", errb.String(), tc.warn, tc.noWarn)
+			}
+		})
+	}
+}
+
+// TestImportInventoryParserFlag: the refusals of --parser and
+// --ansible-timeout, ansible-inventory's own refusal passed on, and a hung
+// one stopped at the timeout.
+func TestImportInventoryParserFlag(t *testing.T) {
+	bin := runnerAnsibleBin(t)
+	inv := filepath.Join(t.TempDir(), "hosts.yml")
+	if err := os.WriteFile(inv, []byte("all:\n  hosts: [a, list]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A hung ansible-inventory (an inventory plugin waiting on a remote API).
+	hung := t.TempDir()
+	if err := os.WriteFile(filepath.Join(hung, "ansible-inventory"), []byte("#!/bin/sh\necho asking the cloud >&2\nexec sleep 300\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	withAnsible, without := bin+string(os.PathListSeparator)+pathWithoutAnsible(t), pathWithoutAnsible(t)
+	cases := []struct {
+		path string
+		args []string
+		code int
+		err  string
+	}{
+		{without, []string{"--parser", "ansible", inv}, ExitUsage, `--parser ansible: exec: "ansible-inventory": executable file not found`},
+		{withAnsible, []string{"--parser", "magic", inv}, ExitUsage, `--parser "magic": want auto, ansible or builtin`},
+		{withAnsible, []string{"--ansible-timeout", "0s", inv}, ExitUsage, "--ansible-timeout must be positive"},
+		{withAnsible, []string{inv}, ExitUsage, "Completely failed to parse inventory source " + inv},
+		{without, []string{inv}, ExitUsage, "line 2: group all: hosts must be a mapping"},
+		{hung + string(os.PathListSeparator) + without, []string{"--ansible-timeout", "300ms", inv}, ExitRuntime, "--list timed out after 300ms (it said: asking the cloud)"},
+	}
+	for _, tc := range cases {
+		t.Setenv("PATH", tc.path)
+		var out, errb bytes.Buffer
+		if code := ImportInventory(t.Context(), tc.args, &out, &errb); code != tc.code || !strings.Contains(errb.String(), tc.err) || out.Len() > 0 {
+			t.Errorf("%q: exit %d (want %d), stderr %q, want %q", tc.args, code, tc.code, errb.String(), tc.err)
+		}
+	}
 }
 
 func keyPEM(t *testing.T) []byte {
