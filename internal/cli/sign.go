@@ -164,9 +164,6 @@ func sign(o signOptions, warn io.Writer) (string, error) {
 	if n == 0 {
 		return "", errors.New("no script to sign")
 	}
-	if o.manifest && o.policy == nil {
-		fmt.Fprintf(warn, "kpssh sign: warning: no param policy (-param, -param-policy, -ca-file): node-class vars and the cluster endpoint and CA reach the scripts unchecked\n")
-	}
 	for _, w := range profile.VerifiedWarnings(p) {
 		fmt.Fprintf(warn, "kpssh sign: warning: %s\n", w)
 	}
