@@ -6,7 +6,9 @@
 // profile@version, the script's SHA-256 and a validity window, so that an
 // old signed script cannot be replayed, a join cannot be sent as leave and a
 // profile cannot be rolled back; its signature covers the manifest instead
-// of the script. Every line is "key: value"; binary fields are single-line
+// of the script. A v2 manifest may also carry a param policy (policy.go):
+// which params, with which values, the script may get. Every line is
+// "key: value"; binary fields are single-line
 // standard base64, so the POSIX sh shim can split the envelope with `read`.
 //
 // The package knows nothing of Kubernetes or Ansible.
