@@ -9,8 +9,12 @@ import (
 	"strings"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
+	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/envelope"
+	"github.com/dklesev/kpssh/test/hostenv"
 )
 
 const toolRan = "/var/tmp/kpssh-tool-ran"
@@ -186,5 +190,82 @@ func (f *fixture) paramPolicy(now time.Time) {
 	}
 	if got := f.toolResult(); got != "" {
 		t.Fatalf("something ran: %q", got)
+	}
+}
+
+// pinnedFetch runs the shipped tls-bootstrap install's own fetch (the exact
+// bytes of examples/scripts, PINNED_SHA256 filled in as an operator does
+// before signing) on the host: the pinned checksum, inside the signed
+// bytes, refuses the attacker's binary even though the attacker's server
+// serves a matching .sha256 and the manifest has no param policy.
+func (f *fixture) pinnedFetch(now time.Time) {
+	t := f.t
+	root, err := hostenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "examples/scripts/profile-tls-bootstrap.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &v1beta1.SSHJoinProfile{}
+	if err := yaml.UnmarshalStrict(data, p); err != nil {
+		t.Fatal(err)
+	}
+	install := string(p.Spec.Scripts.Install)
+	i := strings.Index(install, "# Checksums signed with this script")
+	j := strings.Index(install[max(i, 0):], "\n}\n")
+	if i < 0 || j < 0 {
+		t.Fatal("the example install has no PINNED_SHA256 block and fetch function")
+	}
+	block := install[i : i+j+3]
+	base := f.mirror()
+	tool := []byte("#!/bin/sh\necho good > " + toolRan + "\n")
+	pinned := strings.Replace(block, "PINNED_SHA256='\n'", "PINNED_SHA256='\namd64/tool "+envelope.ScriptDigest(tool)+"\n'", 1)
+	if pinned == block {
+		t.Fatal("the example's PINNED_SHA256 is not the empty block an operator fills in")
+	}
+	// the host has no curl: a stand-in for the download only (-o OUT URL)
+	script := `#!/bin/bash
+set -euo pipefail
+ARCH=amd64
+die() { echo "install: $*" >&2; exit 1; }
+curl() {
+  local out="" url=""
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      -o) out=$2; shift 2 ;;
+      --retry | --connect-timeout) shift 2 ;;
+      -*) shift ;;
+      *) url=$1; shift ;;
+    esac
+  done
+  python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' "$url" "$out"
+}
+` + pinned + `fetch "${KPSSH_VAR_binarySource%/}/amd64/tool" /var/tmp/kpssh-tool
+chmod 755 /var/tmp/kpssh-tool
+/var/tmp/kpssh-tool
+rm -f /var/tmp/kpssh-tool
+`
+	sf, err := envelope.ParseSignedField(policyField(t, f.signer, "install", "pinned@1", script, now.Add(-time.Hour), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		source, ran, msg string
+		rc               int
+	}{
+		{base + "/good", "good", "", 0},
+		{base + "/evil", "", "checksum mismatch for " + base + "/evil/amd64/tool (amd64/tool)", engine.ShimScriptFailed},
+	} {
+		env, err := envelope.Marshal(envelope.Envelope{Version: 2, Phase: "install", Profile: "pinned@1", Params: map[string]string{"KPSSH_VAR_binarySource": c.source},
+			Manifest: sf.Manifest, Signature: sf.Signature, Script: []byte(script)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, out := f.sshAsKpssh("kpssh-shim run", env)
+		if got := f.toolResult(); rc != c.rc || got != c.ran || !strings.Contains(out, c.msg) {
+			t.Errorf("binarySource %s: exit %d (want %d), tool wrote %q (want %q), want %q in: %s", c.source, rc, c.rc, got, c.ran, c.msg, out)
+		}
 	}
 }

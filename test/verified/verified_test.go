@@ -441,6 +441,13 @@ func TestVerifiedHost(t *testing.T) {
 		f.paramPolicy(now)
 	})
 
+	t.Run("the shipped install's pinned checksums refuse another binary", func(t *testing.T) {
+		parent := f.t
+		f.t = t
+		defer func() { f.t = parent }()
+		f.pinnedFetch(now)
+	})
+
 	t.Run("replayed older manifest", func(t *testing.T) {
 		old := signed(now.Add(-30*time.Minute), "join", joinScript)
 		newer := signed(now.Add(-10*time.Minute), "join", joinScript)
