@@ -186,3 +186,31 @@ func printableASCII(s string) bool {
 	}
 	return true
 }
+
+// FuzzParseManifest: a manifest that parses is canonical (it re-marshals to
+// the same bytes) and every rule of its policy is valid; checking any params
+// against it never panics.
+func FuzzParseManifest(f *testing.F) {
+	m := Manifest{Phase: "join", Profile: "tls@3", ScriptSHA256: ScriptDigest([]byte("x")), IssuedAt: t0, NotAfter: t0.Add(time.Hour)}
+	plain, _ := MarshalManifest(m)
+	m.Params = map[string]ParamRule{"KPSSH_CLUSTER_CA_B64": {RuleSHA256, caDigest}, "KPSSH_NODE_NAME": {RuleRE, "[a-z]{1,3}"}, "KPSSH_VAR_a": {RuleValue, "a b"}}
+	withPolicy, _ := MarshalManifest(m)
+	f.Add(plain, "KPSSH_NODE_NAME", "ab")
+	f.Add(withPolicy, "KPSSH_VAR_a", "a b")
+	f.Fuzz(func(t *testing.T, b []byte, name, value string) {
+		m, err := ParseManifest(b)
+		if err != nil {
+			return
+		}
+		again, err := MarshalManifest(m)
+		if err != nil || !bytes.Equal(again, b) {
+			t.Fatalf("parsed manifest does not re-marshal to itself: %v", err)
+		}
+		for k, r := range m.Params {
+			if err := CheckRule(k, r); err != nil {
+				t.Fatalf("parsed rule %s is invalid: %v", k, err)
+			}
+		}
+		_ = CheckParamPolicy(m.Params, map[string]string{name: value})
+	})
+}
