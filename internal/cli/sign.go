@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,7 +25,10 @@ import (
 // the `signatures:` block to put under the profile's spec. With -manifest
 // each signature is a v2 manifest (phase, <profile>@<version>, the script's
 // SHA-256, issued-at now, not-after) plus its SSHSIG: Verified hosts then
-// refuse replayed, rolled-back or phase-swapped scripts. It needs no cluster.
+// refuse replayed, rolled-back or phase-swapped scripts. -param, -param-policy
+// and -ca-file write a param policy into each manifest: the params (node-class
+// vars, cluster endpoint and CA) a Verified host then accepts. It needs no
+// cluster.
 func Sign(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kpssh sign", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -32,8 +36,12 @@ func Sign(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	manifest := fs.Bool("manifest", false, "sign v2 manifests (phase, profile@version, script SHA-256, not-after) instead of the bare scripts")
 	notAfter := fs.String("not-after", "720h", "with -manifest: validity, a duration from now (720h) or a time (2027-01-31T00:00:00Z)")
 	phases := fs.String("phases", "install,join,leave,uninstall", "phases to sign (those the profile has)")
+	var params paramFlags
+	fs.Var(&params, "param", "with -manifest: a param policy rule NAME=VALUE, NAME=sha256:HEX or NAME=re:PATTERN (repeatable)")
+	policyFile := fs.String("param-policy", "", "with -manifest: a file of NAME=RULE lines (as -param; # comments)")
+	caFile := fs.String("ca-file", "", "with -manifest: pin KPSSH_CLUSTER_CA_B64 to the digest of this CA bundle's base64 (the bytes the controller sends)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kpssh sign -key KEY [-manifest [-not-after 720h]] [-phases install,join,leave] PROFILE.yaml|-")
+		fmt.Fprintln(stderr, "usage: kpssh sign -key KEY [-manifest [-not-after 720h] [-param NAME=RULE]… [-param-policy FILE] [-ca-file CA.crt]] [-phases install,join,leave] PROFILE.yaml|-")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -43,7 +51,11 @@ func Sign(_ context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return ExitUsage
 	}
-	out, err := sign(signOptions{keyFile: *keyFile, profileFile: fs.Arg(0), manifest: *manifest, notAfter: *notAfter, phases: *phases, now: time.Now(), stdin: os.Stdin}, stderr)
+	rules, err := policyRules(params, *policyFile, *caFile)
+	var out string
+	if err == nil {
+		out, err = sign(signOptions{keyFile: *keyFile, profileFile: fs.Arg(0), manifest: *manifest, notAfter: *notAfter, phases: *phases, now: time.Now(), stdin: os.Stdin, policy: rules}, stderr)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kpssh sign: %v\n", err)
 		return ExitUsage
@@ -58,9 +70,14 @@ type signOptions struct {
 	notAfter, phases     string
 	now                  time.Time
 	stdin                io.Reader
+	// policy: the operator's param rules (nil: the manifests carry none)
+	policy map[string]envelope.ParamRule
 }
 
 func sign(o signOptions, warn io.Writer) (string, error) {
+	if o.policy != nil && !o.manifest {
+		return "", errors.New("a param policy needs -manifest (v1 signatures carry none)")
+	}
 	key, err := os.ReadFile(o.keyFile)
 	if err != nil {
 		return "", fmt.Errorf("read key: %w", err)
@@ -122,8 +139,12 @@ func sign(o signOptions, warn io.Writer) (string, error) {
 		msg := []byte(src.Script)
 		var m []byte
 		if o.manifest {
+			var pol map[string]envelope.ParamRule
+			if o.policy != nil {
+				pol = engine.PhasePolicy(ph, o.policy)
+			}
 			if m, err = envelope.MarshalManifest(envelope.Manifest{Phase: string(ph), Profile: p.Name + "@" + version,
-				ScriptSHA256: envelope.ScriptDigest(msg), IssuedAt: o.now, NotAfter: expiry}); err != nil {
+				ScriptSHA256: envelope.ScriptDigest(msg), IssuedAt: o.now, NotAfter: expiry, Params: pol}); err != nil {
 				return "", err
 			}
 			msg = m
@@ -177,4 +198,60 @@ func setSignature(s *v1beta1.ProfileSignatures, ph engine.Phase, v string) {
 	case engine.PhaseUninstall:
 		s.Uninstall = v1beta1.Signature(v)
 	}
+}
+
+// paramFlags collects repeated -param NAME=RULE flags.
+type paramFlags []string
+
+func (p *paramFlags) String() string     { return strings.Join(*p, ",") }
+func (p *paramFlags) Set(v string) error { *p = append(*p, v); return nil }
+
+// policyRules merges -param-policy FILE, -param and -ca-file (later ones win
+// per name). nil: no policy asked for. A policy must pin the cluster
+// endpoint and CA: the join trusts them.
+func policyRules(flags []string, file, caFile string) (map[string]envelope.ParamRule, error) {
+	var lines []string
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("-param-policy: %w", err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+				lines = append(lines, l)
+			}
+		}
+	}
+	lines = append(lines, flags...)
+	if len(lines) == 0 && caFile == "" {
+		return nil, nil
+	}
+	rules := map[string]envelope.ParamRule{}
+	for _, l := range lines {
+		name, rule, ok := strings.Cut(l, "=")
+		if !ok {
+			return nil, fmt.Errorf("param rule %q is not NAME=RULE", l)
+		}
+		r, err := envelope.ParseRule(rule)
+		if err == nil {
+			err = envelope.CheckRule(name, r)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("param rule for %s: %w", name, err)
+		}
+		rules[name] = r
+	}
+	if caFile != "" {
+		ca, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("-ca-file: %w", err)
+		}
+		rules[engine.EnvClusterCAB64] = envelope.ParamRule{Kind: envelope.RuleSHA256, Arg: envelope.ScriptDigest([]byte(base64.StdEncoding.EncodeToString(ca)))}
+	}
+	for _, n := range engine.PinnedParams {
+		if _, ok := rules[n]; !ok {
+			return nil, fmt.Errorf("param policy: %s needs a rule (the join trusts it; -ca-file pins the CA)", n)
+		}
+	}
+	return rules, nil
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,11 +42,7 @@ spec:
 // real ssh-keygen -Y verify too.
 func TestSign(t *testing.T) {
 	dir := t.TempDir()
-	keyPath := filepath.Join(dir, "signer")
-	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops", "-f", keyPath).CombinedOutput(); err != nil {
-		t.Fatalf("ssh-keygen: %v: %s", err, out)
-	}
-	pub, _ := os.ReadFile(keyPath + ".pub")
+	keyPath, pub := signerKey(t, dir)
 	prof := filepath.Join(dir, "profile.yaml")
 	if err := os.WriteFile(prof, []byte(signProfile), 0o600); err != nil {
 		t.Fatal(err)
@@ -115,6 +112,21 @@ func TestSign(t *testing.T) {
 	}
 }
 
+// signerKey makes an ed25519 key with the real ssh-keygen: its path and
+// public line.
+func signerKey(t *testing.T, dir string) (string, []byte) {
+	t.Helper()
+	keyPath := filepath.Join(dir, "signer")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops", "-f", keyPath).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v: %s", err, out)
+	}
+	pub, err := os.ReadFile(keyPath + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keyPath, pub
+}
+
 func writeTemp(t *testing.T, dir, s string) string {
 	t.Helper()
 	f, err := os.CreateTemp(dir, "p*.yaml")
@@ -124,4 +136,92 @@ func writeTemp(t *testing.T, dir, s string) string {
 	_, _ = f.WriteString(s)
 	_ = f.Close()
 	return f.Name()
+}
+
+// TestSignParamPolicy: -param, -param-policy and -ca-file write a policy
+// into every manifest (the contract applied per phase); the engine then
+// accepts the signed params and refuses others.
+func TestSignParamPolicy(t *testing.T) {
+	dir := t.TempDir()
+	keyPath, pub := signerKey(t, dir)
+	prof := writeTemp(t, dir, signProfile)
+	caPEM := "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+	caFile := writeTemp(t, dir, caPEM)
+	policyFile := writeTemp(t, dir, "# mirror\nKPSSH_VAR_binarySource=https://mirror.example/k8s\n\nKPSSH_VAR_k8sMinor=re:1[.][0-9]+\n")
+	var so, se bytes.Buffer
+	args := []string{"-key", keyPath, "-manifest", "-param-policy", policyFile, "-param", "KPSSH_CLUSTER_ENDPOINT=https://10.0.0.1:6443", "-ca-file", caFile, prof}
+	if rc := Sign(context.Background(), args, &so, &se); rc != ExitOK {
+		t.Fatalf("kpssh sign: rc %d: %s", rc, se.String())
+	}
+	if strings.Contains(se.String(), "no param policy") {
+		t.Fatalf("warned about a missing policy: %s", se.String())
+	}
+	full := signProfile + "  " + strings.ReplaceAll(strings.TrimSuffix(so.String(), "\n"), "\n", "\n  ") + "\n"
+	p := &v1beta1.SSHJoinProfile{}
+	if err := yaml.UnmarshalStrict([]byte(full), p); err != nil {
+		t.Fatalf("signed profile does not parse: %v\n%s", err, full)
+	}
+	h := &v1beta1.SSHHost{Spec: v1beta1.SSHHostSpec{ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{v1beta1.TrustedSigner(strings.TrimSpace(string(pub)))}}}
+	good := engine.Context{ClusterEndpoint: "https://10.0.0.1:6443", ClusterCAB64: base64.StdEncoding.EncodeToString([]byte(caPEM)), NodeName: "n1",
+		BootstrapToken: "abcdef.0123456789abcdef", HostAddress: "10.0.0.5", Vars: map[string]string{"binarySource": "https://mirror.example/k8s", "k8sMinor": "1.36"}}
+	for _, tc := range []struct {
+		name  string
+		phase engine.Phase
+		mod   func(*engine.Context)
+		want  string
+	}{
+		{"join as signed", engine.PhaseJoin, func(*engine.Context) {}, ""},
+		{"install as signed", engine.PhaseInstall, func(c *engine.Context) { c.BootstrapToken = "" }, ""},
+		{"leave as signed", engine.PhaseLeave, func(*engine.Context) {}, ""},
+		{"rogue mirror", engine.PhaseInstall, func(c *engine.Context) { c.Vars = map[string]string{"binarySource": "http://evil", "k8sMinor": "1.36"} }, "KPSSH_VAR_binarySource"},
+		{"rogue minor", engine.PhaseInstall, func(c *engine.Context) {
+			c.Vars = map[string]string{"binarySource": "https://mirror.example/k8s", "k8sMinor": "1.36; x"}
+		}, "KPSSH_VAR_k8sMinor"},
+		{"rogue CA", engine.PhaseJoin, func(c *engine.Context) { c.ClusterCAB64 = "cm9ndWU=" }, "KPSSH_CLUSTER_CA_B64"},
+		{"rogue endpoint", engine.PhaseJoin, func(c *engine.Context) { c.ClusterEndpoint = "https://10.6.6.6:6443" }, "KPSSH_CLUSTER_ENDPOINT"},
+		{"unknown var", engine.PhaseJoin, func(c *engine.Context) { c.Vars = map[string]string{"other": "x"} }, "KPSSH_VAR_other is not in"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := good
+			tc.mod(&c)
+			src, err := profile.VerifiedSource(p, tc.phase, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = engine.VerifyParams(tc.phase, src, c)
+			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("want %q, got %v", tc.want, err)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no endpoint rule", []string{"-manifest", "-ca-file", caFile}, "KPSSH_CLUSTER_ENDPOINT needs a rule"},
+		{"no CA rule", []string{"-manifest", "-param", "KPSSH_CLUSTER_ENDPOINT=https://a"}, "KPSSH_CLUSTER_CA_B64 needs a rule"},
+		{"v1", []string{"-param", "KPSSH_CLUSTER_ENDPOINT=https://a", "-ca-file", caFile}, "needs -manifest"},
+		{"bad name", []string{"-manifest", "-param", "PATH=/tmp"}, "PATH"},
+		{"not NAME=RULE", []string{"-manifest", "-param", "KPSSH_X"}, "NAME=RULE"},
+		{"bad pattern", []string{"-manifest", "-param", `KPSSH_VAR_x=re:\d+`}, "KPSSH_VAR_x"},
+		{"secret by value", []string{"-manifest", "-param", "KPSSH_SECRET_CODE=s3cr3t"}, "pin it with sha256"},
+		{"no policy file", []string{"-manifest", "-param-policy", filepath.Join(dir, "nope")}, "-param-policy"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var so, se bytes.Buffer
+			if rc := Sign(context.Background(), append(append([]string{"-key", keyPath}, tc.args...), prof), &so, &se); rc != ExitUsage || !strings.Contains(se.String(), tc.want) {
+				t.Fatalf("rc %d, want a usage error saying %q: %s", rc, tc.want, se.String())
+			}
+			if so.Len() != 0 || strings.Contains(se.String(), "s3cr3t") {
+				t.Fatalf("stdout %q, stderr %q", so.String(), se.String())
+			}
+		})
+	}
+	// without a policy: signed, with a warning
+	so.Reset()
+	se.Reset()
+	if rc := Sign(context.Background(), []string{"-key", keyPath, "-manifest", prof}, &so, &se); rc != ExitOK || !strings.Contains(se.String(), "no param policy") {
+		t.Fatalf("rc %d, want a warning about the missing policy: %s", rc, se.String())
+	}
 }

@@ -79,6 +79,9 @@ type renderConfig struct {
 	mitogen string
 	// noTaskCheck (tests) skips CheckInlineTasks: the sandbox alone.
 	noTaskCheck bool
+	// policyChecked: the params were checked against a verified manifest's
+	// param policy before their secrets were masked (kpssh render).
+	policyChecked bool
 }
 
 // bundle is every file of a run, rendered.
@@ -547,6 +550,13 @@ func Render(req Request, secretsMasked bool) (string, error) {
 func renderText(req Request, masked bool, rc renderConfig) (string, error) {
 	red := redactorFor(req)
 	if masked {
+		if req.Source.Verified != nil {
+			// the policy is about the real values, not their masks
+			if err := VerifyParams(req.Phase, req.Source, req.Context); err != nil {
+				return "", errors.New(red.Redact(err.Error()))
+			}
+			rc.policyChecked = true
+		}
 		req = maskRequest(req)
 	}
 	b, err := build(req, rc)

@@ -52,6 +52,8 @@ type verifiedScript struct {
 	version   int
 	manifest  []byte
 	signature []byte
+	// policy is the manifest's param policy (empty: none declared)
+	policy map[string]envelope.ParamRule
 }
 
 // VerifySignature checks a Verified phase in pure Go, before anything
@@ -114,7 +116,26 @@ func verifySource(phase Phase, src Source) (verifiedScript, error) {
 	if err := envelope.CheckManifest(m, string(phase), v.Profile, []byte(src.Script), now()); err != nil {
 		return out, fmt.Errorf("%s: %w", phase, err)
 	}
-	return verifiedScript{version: 2, manifest: f.Manifest, signature: f.Signature}, nil
+	return verifiedScript{version: 2, manifest: f.Manifest, signature: f.Signature, policy: m.Params}, nil
+}
+
+// VerifyParams is VerifySignature plus the manifest's param policy applied
+// to the params the phase would get from c (contract applied): a node-class
+// var, cluster endpoint or CA the signer did not allow is refused before
+// anything connects. A manifest without a policy checks names only.
+func VerifyParams(phase Phase, src Source, c Context) error {
+	vs, err := verifySource(phase, src)
+	if err != nil {
+		return err
+	}
+	return checkPolicy(phase, vs, Env(phase, c, true))
+}
+
+func checkPolicy(phase Phase, vs verifiedScript, params map[string]string) error {
+	if err := envelope.CheckParamPolicy(vs.policy, params); err != nil {
+		return fmt.Errorf("%s: %w", phase, err)
+	}
+	return nil
 }
 
 // buildVerified renders the envelope (params = the phase's KPSSH_*
@@ -124,8 +145,14 @@ func buildVerified(b *bundle, req Request, ctx Context, rc renderConfig) error {
 	if err != nil {
 		return err
 	}
+	params := Env(req.Phase, ctx, true)
+	if rc.policyChecked {
+		vs.policy = nil
+	} else if err := checkPolicy(req.Phase, vs, params); err != nil {
+		return err
+	}
 	env := envelope.Envelope{
-		Version: vs.version, Phase: string(req.Phase), Params: Env(req.Phase, ctx, true),
+		Version: vs.version, Phase: string(req.Phase), Params: params,
 		Manifest: vs.manifest, Signature: vs.signature, Script: []byte(req.Source.Script),
 	}
 	if vs.version == 2 {
@@ -208,4 +235,50 @@ func verifiedOutcome(res Result) Result {
 	}
 	res.Message = fmt.Sprintf("shim exit %d (%s): %s", res.RC, why, res.Message)
 	return res
+}
+
+// DefaultParamRules are the rules `kpssh sign` writes for the params the
+// controller makes per launch (the operator cannot pin them: they differ on
+// every claim), each also allowing the empty value phases get when the
+// contract withholds it. Patterns are POSIX ERE without backslashes.
+var DefaultParamRules = map[string]envelope.ParamRule{
+	EnvBootstrapToken: {Kind: envelope.RuleRE, Arg: "([a-z0-9]{6}[.][a-z0-9]{16})?"},
+	EnvNodeName:       {Kind: envelope.RuleRE, Arg: "([a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?)?"},
+	EnvProviderID:     {Kind: envelope.RuleRE, Arg: "(kpssh://[a-z0-9.-]+/[a-z0-9.-]+)?"},
+	EnvHostAddress:    {Kind: envelope.RuleRE, Arg: "[A-Za-z0-9.:%-]{0,253}"},
+	EnvNodeAddress:    {Kind: envelope.RuleRE, Arg: "[A-Za-z0-9.:%-]{0,253}"},
+	EnvNodeLabels:     {Kind: envelope.RuleRE, Arg: "[A-Za-z0-9._/=,-]*"},
+	EnvTaints:         {Kind: envelope.RuleRE, Arg: "[A-Za-z0-9._/=,:-]*"},
+}
+
+// PinnedParams must have an operator's rule in any policy: the join trusts
+// them (a rogue endpoint or CA joins the host to another apiserver).
+var PinnedParams = []string{EnvClusterEndpoint, EnvClusterCAB64}
+
+// PhasePolicy is the policy of phase p's manifest from the operator's rules
+// (defaults for the per-launch names added): the environment contract
+// applied, so that what a phase never gets must be empty there — leave gets
+// only the addresses, only join the token.
+func PhasePolicy(p Phase, rules map[string]envelope.ParamRule) map[string]envelope.ParamRule {
+	out := map[string]envelope.ParamRule{}
+	for k, r := range DefaultParamRules {
+		out[k] = r
+	}
+	for k, r := range rules {
+		out[k] = r
+	}
+	empty := envelope.ParamRule{Kind: envelope.RuleValue}
+	for _, k := range []string{EnvClusterEndpoint, EnvClusterCAB64, EnvBootstrapToken, EnvNodeName, EnvProviderID, EnvNodeLabels, EnvTaints} {
+		if p == PhaseLeave || (k == EnvBootstrapToken && p != PhaseJoin) {
+			out[k] = empty
+		}
+	}
+	if p == PhaseLeave {
+		for k := range out {
+			if strings.HasPrefix(k, EnvVarPrefix) || strings.HasPrefix(k, EnvSecretPrefix) {
+				delete(out, k)
+			}
+		}
+	}
+	return out
 }

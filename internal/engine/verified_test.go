@@ -115,3 +115,109 @@ func TestVerifiedRenderAndOutcome(t *testing.T) {
 		t.Error("an untouched failure became Rejected")
 	}
 }
+
+// TestVerifyParamPolicy: the signed param policy decides which node-class
+// vars, cluster endpoint and CA a Verified phase may get; the controller
+// refuses anything else before rendering (nothing ships).
+func TestVerifyParamPolicy(t *testing.T) {
+	s, pub := verifiedSigner(t)
+	script := "#!/bin/bash\nset -euo pipefail\necho ok\n"
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	ca := "Y2EtcGVt" // base64 of a CA bundle; pinned by the digest of these bytes
+	rules := map[string]envelope.ParamRule{
+		EnvClusterEndpoint:            {Kind: envelope.RuleValue, Arg: "https://10.0.0.1:6443"},
+		EnvClusterCAB64:               {Kind: envelope.RuleSHA256, Arg: envelope.ScriptDigest([]byte(ca))},
+		EnvVarPrefix + "binarySource": {Kind: envelope.RuleValue, Arg: "https://mirror.example/k8s"},
+		EnvSecretPrefix + "CODE":      {Kind: envelope.RuleRE, Arg: "[a-z0-9-]+"},
+	}
+	src := func(phase Phase, policy map[string]envelope.ParamRule) Source {
+		m, err := envelope.MarshalManifest(envelope.Manifest{Phase: string(phase), Profile: "p@1", ScriptSHA256: envelope.ScriptDigest([]byte(script)),
+			IssuedAt: now, NotAfter: now.Add(time.Hour), Params: policy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, err := sshsig.SignWith(s, m, sshsig.Namespace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Source{Script: script, Verified: &Verified{Signature: string(m) + string(sig), Profile: "p@1", TrustedSigners: []string{pub}, Now: func() time.Time { return now }}}
+	}
+	good := Context{ClusterEndpoint: "https://10.0.0.1:6443", ClusterCAB64: ca, BootstrapToken: "abcdef.0123456789abcdef", NodeName: "n1",
+		ProviderID: "kpssh://pool/h1", HostAddress: "10.0.0.5", NodeAddress: "10.0.0.5", NodeLabels: "a=b,kpssh/x=y", Taints: "t=v:NoSchedule",
+		Vars: map[string]string{"binarySource": "https://mirror.example/k8s"}, Secrets: map[string]string{"code": "s3cr3t-value"}}
+	with := func(f func(*Context)) Context {
+		c := good
+		c.Vars = map[string]string{"binarySource": "https://mirror.example/k8s"}
+		f(&c)
+		return c
+	}
+	cases := []struct {
+		name   string
+		phase  Phase
+		policy map[string]envelope.ParamRule
+		ctx    Context
+		want   string
+	}{
+		{"join within the policy", PhaseJoin, rules, good, ""},
+		{"install within the policy", PhaseInstall, rules, good, ""},
+		{"leave within the policy", PhaseLeave, rules, good, ""},
+		{"no policy: old behaviour", PhaseJoin, nil, with(func(c *Context) { c.Vars["binarySource"] = "http://127.0.0.1:9/evil" }), ""},
+		{"rogue binarySource", PhaseInstall, rules, with(func(c *Context) { c.Vars["binarySource"] = "http://127.0.0.1:9/evil" }),
+			`param KPSSH_VAR_binarySource does not satisfy the signed param policy (value "https://mirror.example/k8s")`},
+		{"binarySource emptied", PhaseInstall, rules, with(func(c *Context) { c.Vars["binarySource"] = "" }), "KPSSH_VAR_binarySource"},
+		{"rogue endpoint", PhaseJoin, rules, with(func(c *Context) { c.ClusterEndpoint = "https://10.9.9.9:6443" }), "param KPSSH_CLUSTER_ENDPOINT does not satisfy"},
+		{"rogue CA", PhaseJoin, rules, with(func(c *Context) { c.ClusterCAB64 = "cm9ndWU=" }), "param KPSSH_CLUSTER_CA_B64 does not satisfy the signed param policy (sha256 "},
+		{"unknown var", PhaseJoin, rules, with(func(c *Context) { c.Vars["extra"] = "x" }), "param KPSSH_VAR_extra is not in the signed manifest's param policy"},
+		{"secret off pattern", PhaseJoin, rules, with(func(c *Context) { c.Secrets = map[string]string{"code": "UPPER"} }), "param KPSSH_SECRET_CODE does not satisfy"},
+		{"odd node name", PhaseJoin, rules, with(func(c *Context) { c.NodeName = "n1;x" }), "param KPSSH_NODE_NAME"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var policy map[string]envelope.ParamRule
+			if c.policy != nil {
+				policy = PhasePolicy(c.phase, c.policy)
+			}
+			sc := src(c.phase, policy)
+			err := VerifyParams(c.phase, sc, c.ctx)
+			if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+				t.Fatalf("VerifyParams: want %q, got %v", c.want, err)
+			}
+			// the render (what would ship) refuses the same
+			_, hostPub := verifiedSigner(t)
+			req := Request{Phase: c.phase, Conn: Connection{Address: "10.0.0.5", User: "kpssh", PrivateKey: testKeyPEM(t), HostKey: hostPub}, Source: sc, Context: c.ctx}
+			for _, masked := range []bool{true, false} {
+				_, rerr := Render(req, masked)
+				if (err == nil) != (rerr == nil) {
+					t.Fatalf("render (masked %v): %v, VerifyParams: %v", masked, rerr, err)
+				}
+				for _, e := range []error{err, rerr} {
+					if e != nil && (strings.Contains(e.Error(), "s3cr3t") || strings.Contains(e.Error(), "evil") || strings.Contains(e.Error(), "UPPER")) {
+						t.Fatalf("the error shows a value: %v", e)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestPhasePolicy(t *testing.T) {
+	rules := map[string]envelope.ParamRule{EnvClusterEndpoint: {Kind: envelope.RuleValue, Arg: "https://a"}, EnvVarPrefix + "x": {Kind: envelope.RuleValue, Arg: "1"}}
+	join, install, leave := PhasePolicy(PhaseJoin, rules), PhasePolicy(PhaseInstall, rules), PhasePolicy(PhaseLeave, rules)
+	empty := envelope.ParamRule{Kind: envelope.RuleValue}
+	switch {
+	case join[EnvClusterEndpoint] != rules[EnvClusterEndpoint] || join[EnvVarPrefix+"x"] != rules[EnvVarPrefix+"x"] || join[EnvBootstrapToken] != DefaultParamRules[EnvBootstrapToken]:
+		t.Fatalf("join: %v", join)
+	case install[EnvBootstrapToken] != empty || install[EnvClusterEndpoint] != rules[EnvClusterEndpoint]:
+		t.Fatalf("install (no token): %v", install)
+	case leave[EnvClusterEndpoint] != empty || leave[EnvNodeName] != empty || leave[EnvHostAddress] != DefaultParamRules[EnvHostAddress]:
+		t.Fatalf("leave (addresses only): %v", leave)
+	}
+	if _, ok := leave[EnvVarPrefix+"x"]; ok {
+		t.Fatal("leave gets no vars: their rules must go")
+	}
+	for ph, p := range map[Phase]map[string]envelope.ParamRule{PhaseJoin: join, PhaseInstall: install, PhaseLeave: leave} {
+		if _, err := envelope.MarshalManifest(envelope.Manifest{Phase: string(ph), Profile: "p@1", ScriptSHA256: envelope.ScriptDigest(nil), IssuedAt: time.Unix(1, 0), NotAfter: time.Unix(2, 0), Params: p}); err != nil {
+			t.Fatalf("%s: %v", ph, err)
+		}
+	}
+}

@@ -6,7 +6,9 @@
 // profile@version, the script's SHA-256 and a validity window, so that an
 // old signed script cannot be replayed, a join cannot be sent as leave and a
 // profile cannot be rolled back; its signature covers the manifest instead
-// of the script. Every line is "key: value"; binary fields are single-line
+// of the script. A v2 manifest may also carry a param policy (policy.go):
+// which params, with which values, the script may get. Every line is
+// "key: value"; binary fields are single-line
 // standard base64, so the POSIX sh shim can split the envelope with `read`.
 //
 // The package knows nothing of Kubernetes or Ansible.
@@ -31,7 +33,7 @@ const (
 	MaxScript    = 256 * 1024
 	MaxSignature = 16 * 1024
 	MaxParams    = 256 * 1024
-	MaxManifest  = 4 * 1024
+	MaxManifest  = 16 * 1024
 	// MaxEnvelope bounds a whole envelope (the shim reads at most this).
 	MaxEnvelope = 1024 * 1024
 	// TimeLayout is the only time format of manifests: fixed width UTC, so
@@ -225,6 +227,14 @@ func Parse(data []byte) (Envelope, error) {
 	if err := e.check(); err != nil {
 		return e, err
 	}
+	if e.Version == 2 {
+		// as the shim: the params the signed policy allows (Marshal leaves
+		// this to its caller, which may hold masked values)
+		m, _ := ParseManifest(e.Manifest)
+		if err := CheckParamPolicy(m.Params, e.Params); err != nil {
+			return e, err
+		}
+	}
 	return e, nil
 }
 
@@ -268,6 +278,8 @@ type Manifest struct {
 	ScriptSHA256 string // lower-case hex
 	IssuedAt     time.Time
 	NotAfter     time.Time
+	// Params is the param policy (see policy.go); empty: none declared.
+	Params map[string]ParamRule
 }
 
 const manifestHead = "kpssh-manifest: 2"
@@ -286,8 +298,16 @@ func MarshalManifest(m Manifest) ([]byte, error) {
 	if m.IssuedAt.IsZero() || m.NotAfter.IsZero() || !m.NotAfter.After(m.IssuedAt) {
 		return nil, errors.New("manifest: not-after must be after issued-at")
 	}
-	return []byte(fmt.Sprintf("%s\nphase: %s\nprofile: %s\nscript-sha256: %s\nissued-at: %s\nnot-after: %s\n",
-		manifestHead, m.Phase, m.Profile, m.ScriptSHA256, m.IssuedAt.UTC().Format(TimeLayout), m.NotAfter.UTC().Format(TimeLayout))), nil
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\nphase: %s\nprofile: %s\nscript-sha256: %s\nissued-at: %s\nnot-after: %s\n",
+		manifestHead, m.Phase, m.Profile, m.ScriptSHA256, m.IssuedAt.UTC().Format(TimeLayout), m.NotAfter.UTC().Format(TimeLayout))
+	if err := marshalPolicy(&b, m.Params); err != nil {
+		return nil, err
+	}
+	if b.Len() > MaxManifest {
+		return nil, fmt.Errorf("manifest is %d bytes, more than %d (fewer or shorter param rules)", b.Len(), MaxManifest)
+	}
+	return []byte(b.String()), nil
 }
 
 // ParseManifest reads a manifest strictly (the exact form MarshalManifest
@@ -298,8 +318,16 @@ func ParseManifest(b []byte) (Manifest, error) {
 		return m, errors.New("manifest: empty or too large")
 	}
 	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
-	if !bytes.HasSuffix(b, []byte("\n")) || len(lines) != 6 || lines[0] != manifestHead {
-		return m, errors.New("manifest: want the 6 lines kpssh-manifest: 2, phase, profile, script-sha256, issued-at, not-after")
+	if !bytes.HasSuffix(b, []byte("\n")) || len(lines) < 6 || lines[0] != manifestHead {
+		return m, errors.New("manifest: want the 6 lines kpssh-manifest: 2, phase, profile, script-sha256, issued-at, not-after (then param: lines)")
+	}
+	if len(lines) > 6 {
+		m.Params = map[string]ParamRule{}
+		for _, l := range lines[6:] {
+			if err := parsePolicyLine(l, m.Params); err != nil {
+				return m, err
+			}
+		}
 	}
 	vals := make([]string, 5)
 	for i, k := range []string{"phase", "profile", "script-sha256", "issued-at", "not-after"} {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/envelope"
 )
 
 // Phase timeouts when spec.timeouts leaves one unset (the CRD defaults
@@ -200,8 +201,23 @@ func VerifiedWarnings(p *v1beta1.SSHJoinProfile) []string {
 		if !hasStrictMode(body) {
 			out = append(out, fmt.Sprintf("%s script has no `set -euo pipefail`: on a Verified host nothing is prepended, so a failing command would not fail the phase", ph))
 		}
+		if noParamPolicy(string(pickSignature(p.Spec.Signatures, ph))) {
+			out = append(out, fmt.Sprintf("%s manifest has no param policy: node-class vars and the cluster endpoint and CA reach the signed script unchecked (re-sign with kpssh sign -param/-param-policy/-ca-file)", ph))
+		}
 	}
 	return out
+}
+
+// noParamPolicy reports whether sig is a v2 manifest that declares no param
+// policy (v1 signatures carry none by design; unparsable ones are errors
+// elsewhere).
+func noParamPolicy(sig string) bool {
+	f, err := envelope.ParseSignedField(sig)
+	if err != nil || f.Manifest == nil {
+		return false
+	}
+	m, err := envelope.ParseManifest(f.Manifest)
+	return err == nil && len(m.Params) == 0
 }
 
 // hasStrictMode reports whether a line of the script (before any other

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/envelope"
 )
 
 func scripts(install, join, leave, uninstall string) *v1beta1.SSHJoinProfile {
@@ -375,6 +376,37 @@ func TestVerifiedWarnings(t *testing.T) {
 			}
 			w := VerifiedWarnings(p)
 			if got := len(w) > 0; got != tc.warn || (got && !strings.Contains(w[0], "join")) {
+				t.Fatalf("warnings %q, want warning %v", w, tc.warn)
+			}
+		})
+	}
+}
+
+// TestVerifiedWarningsParamPolicy: a v2 manifest without a param policy
+// is a warning (its params are unchecked); one with a policy is not.
+func TestVerifiedWarningsParamPolicy(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	field := func(policy map[string]envelope.ParamRule) v1beta1.Signature {
+		m, err := envelope.MarshalManifest(envelope.Manifest{Phase: "join", Profile: "p@1", ScriptSHA256: envelope.ScriptDigest(nil), IssuedAt: t0, NotAfter: t0.Add(time.Hour), Params: policy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v1beta1.Signature(string(m) + "-----BEGIN SSH SIGNATURE-----\nAAAA\n-----END SSH SIGNATURE-----\n")
+	}
+	for _, tc := range []struct {
+		name string
+		sig  v1beta1.Signature
+		warn bool
+	}{
+		{"v2 without a policy", field(nil), true},
+		{"v2 with a policy", field(map[string]envelope.ParamRule{"KPSSH_NODE_NAME": {Kind: envelope.RuleRE, Arg: "[a-z0-9-]+"}}), false},
+		{"v1", "-----BEGIN SSH SIGNATURE-----\nAAAA\n-----END SSH SIGNATURE-----\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &v1beta1.SSHJoinProfile{Spec: v1beta1.SSHJoinProfileSpec{
+				Scripts: &v1beta1.ProfileScripts{Join: "set -euo pipefail\n"}, Signatures: &v1beta1.ProfileSignatures{Join: tc.sig}}}
+			w := VerifiedWarnings(p)
+			if got := len(w) > 0; got != tc.warn || (got && !strings.Contains(w[0], "join manifest has no param policy")) {
 				t.Fatalf("warnings %q, want warning %v", w, tc.warn)
 			}
 		})

@@ -68,9 +68,15 @@ func keygen(t *testing.T, dir, name string) key {
 // signatures.<phase> value.
 func manifestField(t *testing.T, k key, phase, profile, script string, issued time.Time) string {
 	t.Helper()
+	return policyField(t, k, phase, profile, script, issued, nil)
+}
+
+// policyField is manifestField with a param policy in the manifest.
+func policyField(t *testing.T, k key, phase, profile, script string, issued time.Time, policy map[string]envelope.ParamRule) string {
+	t.Helper()
 	m, err := envelope.MarshalManifest(envelope.Manifest{
 		Phase: phase, Profile: profile, ScriptSHA256: envelope.ScriptDigest([]byte(script)),
-		IssuedAt: issued, NotAfter: issued.Add(48 * time.Hour),
+		IssuedAt: issued, NotAfter: issued.Add(48 * time.Hour), Params: policy,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -426,6 +432,20 @@ func TestVerifiedHost(t *testing.T) {
 			t.Fatalf("intact envelope: exit %d: %s", rc, out)
 		}
 		f.w.MustRun(0, "test -e "+marker+" && rm -f "+marker)
+	})
+
+	t.Run("param policy: rogue binarySource, endpoint, CA, unknown names", func(t *testing.T) {
+		parent := f.t
+		f.t = t // the fixture's helpers fail this subtest
+		defer func() { f.t = parent }()
+		f.paramPolicy(now)
+	})
+
+	t.Run("the shipped install's pinned checksums refuse another binary", func(t *testing.T) {
+		parent := f.t
+		f.t = t
+		defer func() { f.t = parent }()
+		f.pinnedFetch(now)
 	})
 
 	t.Run("replayed older manifest", func(t *testing.T) {

@@ -85,7 +85,7 @@ func Request(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, con
 	if h.Spec.ExecMode == v1beta1.ExecModeVerified {
 		var err error
 		if src, err = profile.VerifiedSource(p, ph, h); err == nil {
-			err = engine.VerifySignature(ph, src)
+			err = engine.VerifyParams(ph, src, c)
 		}
 		if err != nil {
 			return engine.Request{}, fmt.Errorf("execMode Verified: %w", err)
