@@ -256,7 +256,8 @@ func crdCases() []crdCase {
 
 		// ---- SSHNodeClass
 		{name: "minimal node class gets defaults", kind: nc, check: expectFields(map[string]any{
-			"spec.providerIDSource": "Static", "spec.pricePerCPUHour": "0.02", "spec.maxPods": 110,
+			"spec.providerIDSource": "Static", "spec.pricePerCPUHour": "0.02",
+			"spec.maxPods":          nil, // unset: the hosts' capacity.pods is honoured (SPEC §1)
 			"spec.kubeReserved.cpu": "80m", "spec.kubeReserved.memory": "300Mi"})},
 		{name: "joinProfileRef missing", kind: nc, patch: `spec: {joinProfileRef: null}`, wantErr: "spec.joinProfileRef: Required"},
 		{name: "vars valid keys", kind: nc, patch: `spec: {vars: {k8sMinor: "1.36", _private: x, clusterDNS: 10.96.0.10}}`},
@@ -278,7 +279,10 @@ func crdCases() []crdCase {
 		{name: "kubeReserved ephemeral-storage", kind: nc, patch: `spec: {kubeReserved: {cpu: 100m, memory: 1Gi, ephemeral-storage: 1Gi}}`},
 		{name: "kubeReserved pods rejected", kind: nc, patch: `spec: {kubeReserved: {pods: "10"}}`, wantErr: "kubeReserved may only hold cpu, memory and ephemeral-storage"},
 		{name: "maxPods 0", kind: nc, patch: `spec: {maxPods: 0}`, wantErr: "spec.maxPods"},
-		{name: "maxPods 1025", kind: nc, patch: `spec: {maxPods: 1025}`, wantErr: "spec.maxPods"},
+		{name: "maxPods -1", kind: nc, patch: `spec: {maxPods: -1}`, wantErr: "spec.maxPods"},
+		{name: "maxPods 1", kind: nc, patch: `spec: {maxPods: 1}`},
+		{name: "maxPods 1025 (no maximum, like upstream)", kind: nc, patch: `spec: {maxPods: 1025}`},
+		{name: "maxPods 5000", kind: nc, patch: `spec: {maxPods: 5000}`},
 		{name: "maxPods 250", kind: nc, patch: `spec: {maxPods: 250}`},
 		{name: "cluster endpoint http", kind: nc, patch: `spec: {cluster: {endpoint: "http://10.0.0.1:6443"}}`, wantErr: "spec.cluster.endpoint"},
 		{name: "cluster endpoint https with CA", kind: nc, patch: `spec: {cluster: {endpoint: "https://10.0.0.1:6443", caBundle: LS0tLS1CRUdJTg==}}`},

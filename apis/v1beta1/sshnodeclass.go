@@ -55,12 +55,14 @@ type SSHNodeClassSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k in ['cpu', 'memory', 'ephemeral-storage'])",message="kubeReserved may only hold cpu, memory and ephemeral-storage"
 	// +optional
 	KubeReserved corev1.ResourceList `json:"kubeReserved,omitempty"`
-	// MaxPods caps pods per node.
-	// +kubebuilder:default=110
+	// MaxPods, when set, is the pods capacity of every node of the class,
+	// overriding the hosts' capacity.pods. Unset: the hosts' capacity.pods
+	// (their minimum), else 110. No default, so "unset" stays visible; no
+	// maximum, like upstream's kubelet maxPods (its minimum is 0, but a node
+	// that fits no pod is a mistake worth an error).
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=1024
 	// +optional
-	MaxPods int32 `json:"maxPods,omitempty"`
+	MaxPods *int32 `json:"maxPods,omitempty"`
 	// Cluster overrides the endpoint and CA discovered from kube-public/cluster-info.
 	// +optional
 	Cluster *ClusterEndpoint `json:"cluster,omitempty"`
