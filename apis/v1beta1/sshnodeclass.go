@@ -130,7 +130,8 @@ type NodeConditionGate struct {
 
 // SSHNodeClassStatus reports whether Karpenter may launch against the class.
 type SSHNodeClassStatus struct {
-	// Conditions: Ready (reasons ProfileNotFound, ProfileInvalid, SelectorError, NoHosts).
+	// Conditions: Ready (reasons ProfileNotFound, ProfileInvalid,
+	// TimeoutsExceedRegistration, SelectorError, NoHosts).
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -143,6 +144,9 @@ const (
 	ReasonProfileInvalid  = "ProfileInvalid"
 	ReasonSelectorError   = "SelectorError"
 	ReasonNoHosts         = "NoHosts"
+	// ReasonTimeoutsExceedRegistration: the profile's install + join
+	// timeouts exceed Karpenter's 15-minute registration window.
+	ReasonTimeoutsExceedRegistration = "TimeoutsExceedRegistration"
 )
 
 // SSHNodeClass is the provider-specific half of a NodePool.
