@@ -101,6 +101,17 @@ const (
 	HostMaintenance HostState = "Maintenance"
 )
 
+// JoinRan says join has started on the host under its current claim, so
+// its kubelet may run. A host claimed by an older controller has no
+// JoinClaimUID: InUse or a token id say it there.
+func (h *SSHHost) JoinRan() bool {
+	st := h.Status
+	if st.ClaimRef == nil {
+		return false
+	}
+	return st.State == HostInUse || st.BootstrapTokenID != "" || (st.JoinClaimUID != "" && st.JoinClaimUID == st.ClaimRef.UID)
+}
+
 // ClaimRef binds a host to exactly one NodeClaim object (name and UID).
 type ClaimRef struct {
 	// +kubebuilder:validation:MinLength=1
@@ -167,6 +178,14 @@ type SSHHostStatus struct {
 	// BootstrapTokenID is the id of the token minted for the current join.
 	// +optional
 	BootstrapTokenID string `json:"bootstrapTokenID,omitempty"`
+	// JoinClaimUID is the UID of the claim under which join last started:
+	// written with BootstrapTokenID before join runs and, unlike it, kept when
+	// the token is collected (the Node registered). While it is the current
+	// claim's UID the host's kubelet may run: Delete runs leave, and a failed
+	// launch does not release the host Available. Cleared on release; one of
+	// an earlier claim means nothing.
+	// +optional
+	JoinClaimUID types.UID `json:"joinClaimUID,omitempty"`
 	// ProviderID recorded after a successful join.
 	// +optional
 	ProviderID string `json:"providerID,omitempty"`

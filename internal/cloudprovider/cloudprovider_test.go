@@ -346,9 +346,10 @@ func TestCreateHappyPath(t *testing.T) {
 func TestCreateRecordsTokenBeforeJoin(t *testing.T) {
 	w := newWorld(t, nil, standard(newHost("h1", "small"))...)
 	var seen string
+	var marker types.UID
 	w.ph.during = func(ph engine.Phase) {
 		if ph == engine.PhaseJoin {
-			seen = w.host(t, "h1").Status.BootstrapTokenID
+			seen, marker = w.host(t, "h1").Status.BootstrapTokenID, w.host(t, "h1").Status.JoinClaimUID
 		}
 	}
 	if _, err := w.cp.Create(context.Background(), newNodeClaim("a")); err != nil {
@@ -357,6 +358,9 @@ func TestCreateRecordsTokenBeforeJoin(t *testing.T) {
 	join := w.ph.calls[len(w.ph.calls)-1].Ctx.BootstrapToken
 	if seen == "" || !strings.HasPrefix(join, seen+".") {
 		t.Fatalf("host recorded %q when join ran with token %q", seen, join)
+	}
+	if marker != "uid-a" {
+		t.Fatalf("join marker %q when join ran, want the claim's UID", marker)
 	}
 }
 
@@ -556,6 +560,40 @@ func TestCreateResumesExistingClaim(t *testing.T) {
 	}
 }
 
+// A resumed claim whose join ran (the marker survives the token GC) may run
+// a kubelet: a config error now must not release the host Available, where
+// the next claim would join a machine whose old kubelet still runs.
+func TestCreateResumedAfterJoinNeverReleasesAvailable(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		marker types.UID
+		want   v1beta1.HostState
+	}{
+		{name: "join ran under this claim → Unhealthy", marker: "uid-a", want: v1beta1.HostUnhealthy},
+		{name: "no join yet → Available", want: v1beta1.HostAvailable},
+		{name: "marker of an earlier claim → Available", marker: "uid-earlier", want: v1beta1.HostAvailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nc := newNodeClaim("a")
+			held := newHost("h1", "small", func(h *v1beta1.SSHHost) {
+				h.Status.State = v1beta1.HostClaimed
+				h.Status.ClaimRef = &v1beta1.ClaimRef{Name: "a", UID: nc.UID}
+				h.Status.InstalledProfile, h.Status.JoinClaimUID = "prof@2", tc.marker
+			})
+			w := newWorld(t, nil, nodeClass(), held) // the profile is gone: a config error
+			if _, err := w.cp.Create(context.Background(), nc); !isCreateError(err) {
+				t.Fatalf("err %v, want a CreateError", err)
+			}
+			if h := w.host(t, "h1"); h.Status.State != tc.want || h.Status.ClaimRef != nil || h.Status.JoinClaimUID != "" {
+				t.Fatalf("host %+v, want released %s", h.Status, tc.want)
+			}
+			if len(w.ph.calls) != 0 {
+				t.Fatalf("phases ran: %v", w.ph.phases())
+			}
+		})
+	}
+}
+
 func TestCreateClaimLostDuringJoin(t *testing.T) {
 	w := newWorld(t, nil, standard(newHost("h1", "small"))...)
 	w.ph.during = func(ph engine.Phase) {
@@ -665,6 +703,16 @@ func TestDelete(t *testing.T) {
 			h.Status.State = v1beta1.HostClaimed
 			h.Status.ClaimRef = &v1beta1.ClaimRef{Name: claim.Name, UID: claim.UID}
 		}), del: claim, wantState: v1beta1.HostAvailable},
+		{name: "claimed, joined, token collected, InUse never written → leave", host: newHost("h1", "small", func(h *v1beta1.SSHHost) {
+			h.Status.State = v1beta1.HostClaimed
+			h.Status.ClaimRef = &v1beta1.ClaimRef{Name: claim.Name, UID: claim.UID}
+			h.Status.InstalledProfile, h.Status.JoinClaimUID = "prof@2", claim.UID
+		}), del: claim, wantState: v1beta1.HostAvailable, wantLeave: "prof"},
+		{name: "a join marker of an earlier claim means nothing → no leave", host: newHost("h1", "small", func(h *v1beta1.SSHHost) {
+			h.Status.State = v1beta1.HostClaimed
+			h.Status.ClaimRef = &v1beta1.ClaimRef{Name: claim.Name, UID: claim.UID}
+			h.Status.JoinClaimUID = "uid-of-an-earlier-claim"
+		}), del: claim, wantState: v1beta1.HostAvailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := tc.objs
@@ -703,7 +751,7 @@ func TestDelete(t *testing.T) {
 				if tc.host.Status.BootstrapTokenID != "" && !contains(w.tok.deleted, tc.host.Status.BootstrapTokenID) {
 					t.Fatalf("token %s not deleted on release (deleted %v)", tc.host.Status.BootstrapTokenID, w.tok.deleted)
 				}
-				if h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" || h.Status.ProviderID != "" {
+				if h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" || h.Status.ProviderID != "" || h.Status.JoinClaimUID != "" {
 					t.Fatalf("not released: %+v", h.Status)
 				}
 				// The next call (Karpenter keeps calling until NotFound) is NotFound.
