@@ -252,6 +252,9 @@ func crdCases() []crdCase {
 			statusPatch: `status: {lastPhase: {phase: join, result: Exploded, startedAt: "2026-11-29T10:00:00Z"}}`, wantErr: "status.lastPhase.result"},
 		{name: "status lastPhase recorded", kind: host,
 			statusPatch: `status: {state: Unhealthy, lastPhase: {phase: join, result: Failed, startedAt: "2026-11-29T10:00:00Z", duration: 4.2s, failedTask: start kubelet, message: "exit 1"}}`},
+		{name: "status observedNodeAddress must be an IP", kind: host, statusPatch: `status: {observedNodeAddress: node-1.pool.example}`,
+			wantErr: "observedNodeAddress must be an IP address"},
+		{name: "status observedNodeAddress IPv6", kind: host, statusPatch: `status: {observedNodeAddress: "2001:db8::7"}`},
 		{name: "status claimRef needs uid", kind: host, statusPatch: `status: {claimRef: {name: nc-1}}`, wantErr: "status.claimRef.uid"},
 
 		// ---- SSHNodeClass

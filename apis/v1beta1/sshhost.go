@@ -47,7 +47,8 @@ type SSHHostSpec struct {
 	// (PEM) and optionally `knownHost` (a SHA256: fingerprint, a known_hosts line
 	// or a public-key line), which is authoritative over the TOFU pin.
 	SSHKeySecretRef LocalObjectReference `json:"sshKeySecretRef"`
-	// NodeAddress is the IP the node advertises; defaults to address.
+	// NodeAddress is the IP the node advertises; defaults to address when
+	// that is an IP, else to the IP the probe learns (status.observedNodeAddress).
 	// +kubebuilder:validation:MaxLength=45
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="nodeAddress must be an IP address"
 	// +optional
@@ -198,6 +199,14 @@ type SSHHostStatus struct {
 	// ObservedArch is amd64, arm64 or the raw `uname -m`.
 	// +optional
 	ObservedArch string `json:"observedArch,omitempty"`
+	// ObservedNodeAddress is the host's own IP on the probe's SSH
+	// connection (the server address of $SSH_CONNECTION), canonical. It is
+	// the node address of a host whose spec.address is a DNS name and that
+	// has no spec.nodeAddress: a name is no --node-ip and no InternalIP.
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="observedNodeAddress must be an IP address"
+	// +optional
+	ObservedNodeAddress string `json:"observedNodeAddress,omitempty"`
 	// ObservedGeneration is the spec generation the last probe saw.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`

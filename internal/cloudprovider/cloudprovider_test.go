@@ -594,6 +594,45 @@ func TestCreateResumedAfterJoinNeverReleasesAvailable(t *testing.T) {
 	}
 }
 
+// Issue 17 item 2: a host addressed by DNS name without nodeAddress. The
+// name is no --node-ip (KPSSH_NODE_ADDRESS) and no InternalIP; the IP its
+// probe learnt is, and a host with neither is refused before anything runs.
+func TestCreateDNSAddressedHostNodeAddress(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		observed string
+		want     string // KPSSH_NODE_ADDRESS; "" = refused
+	}{
+		{name: "the probe's IP", observed: "10.0.0.9", want: "10.0.0.9"},
+		{name: "no IP learnt: config error, nothing runs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, nil, standard(newHost("h1", "small", func(h *v1beta1.SSHHost) {
+				h.Spec.Address, h.Status.ObservedNodeAddress = "node-1.pool.example", tc.observed
+			}))...)
+			_, err := w.cp.Create(context.Background(), newNodeClaim("a"))
+			if tc.want == "" {
+				h := w.host(t, "h1")
+				if !isCreateError(err) || len(w.ph.calls) != 0 || h.Status.State != v1beta1.HostAvailable || h.Status.ClaimRef != nil {
+					t.Fatalf("err %v, phases %v, host %s: want a config error, nothing run, the host Available", err, w.ph.phases(), h.Status.State)
+				}
+				if !strings.Contains(err.Error(), "spec.nodeAddress") || !contains(w.rec.reasons(), ReasonJoinFailed) {
+					t.Fatalf("err %v, events %v: want JoinFailed naming spec.nodeAddress", err, w.rec.reasons())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range w.ph.calls {
+				if c.Ctx.NodeAddress != tc.want || c.Ctx.HostAddress != "node-1.pool.example" {
+					t.Fatalf("%s ran with node address %q, host address %q", c.Phase, c.Ctx.NodeAddress, c.Ctx.HostAddress)
+				}
+			}
+		})
+	}
+}
+
 func TestCreateClaimLostDuringJoin(t *testing.T) {
 	w := newWorld(t, nil, standard(newHost("h1", "small"))...)
 	w.ph.during = func(ph engine.Phase) {

@@ -185,6 +185,9 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	if prof == nil {
 		return nil, fail(configFailure(fmt.Sprintf("SSHJoinProfile %q not found", nc.Spec.JoinProfileRef.Name)))
 	}
+	if NodeAddress(h) == "" {
+		return nil, fail(configFailure(fmt.Sprintf("spec.address %q is a DNS name, spec.nodeAddress is unset and no probe has reported the host's IP (status.observedNodeAddress): set spec.nodeAddress", h.Spec.Address)))
+	}
 	secrets, err := JoinSecrets(ctx, c.Live, c.Pool.Namespace, nc)
 	if err != nil {
 		if !apierrors.IsNotFound(err) && !errors.Is(err, ErrSecretKey) {
