@@ -252,11 +252,15 @@ func crdCases() []crdCase {
 			statusPatch: `status: {lastPhase: {phase: join, result: Exploded, startedAt: "2026-11-29T10:00:00Z"}}`, wantErr: "status.lastPhase.result"},
 		{name: "status lastPhase recorded", kind: host,
 			statusPatch: `status: {state: Unhealthy, lastPhase: {phase: join, result: Failed, startedAt: "2026-11-29T10:00:00Z", duration: 4.2s, failedTask: start kubelet, message: "exit 1"}}`},
+		{name: "status observedNodeAddress must be an IP", kind: host, statusPatch: `status: {observedNodeAddress: node-1.pool.example}`,
+			wantErr: "observedNodeAddress must be an IP address"},
+		{name: "status observedNodeAddress IPv6", kind: host, statusPatch: `status: {observedNodeAddress: "2001:db8::7"}`},
 		{name: "status claimRef needs uid", kind: host, statusPatch: `status: {claimRef: {name: nc-1}}`, wantErr: "status.claimRef.uid"},
 
 		// ---- SSHNodeClass
 		{name: "minimal node class gets defaults", kind: nc, check: expectFields(map[string]any{
-			"spec.providerIDSource": "Static", "spec.pricePerCPUHour": "0.02", "spec.maxPods": 110,
+			"spec.providerIDSource": "Static", "spec.pricePerCPUHour": "0.02",
+			"spec.maxPods":          nil, // unset: the hosts' capacity.pods is honoured (SPEC §1)
 			"spec.kubeReserved.cpu": "80m", "spec.kubeReserved.memory": "300Mi"})},
 		{name: "joinProfileRef missing", kind: nc, patch: `spec: {joinProfileRef: null}`, wantErr: "spec.joinProfileRef: Required"},
 		{name: "vars valid keys", kind: nc, patch: `spec: {vars: {k8sMinor: "1.36", _private: x, clusterDNS: 10.96.0.10}}`},
@@ -278,7 +282,10 @@ func crdCases() []crdCase {
 		{name: "kubeReserved ephemeral-storage", kind: nc, patch: `spec: {kubeReserved: {cpu: 100m, memory: 1Gi, ephemeral-storage: 1Gi}}`},
 		{name: "kubeReserved pods rejected", kind: nc, patch: `spec: {kubeReserved: {pods: "10"}}`, wantErr: "kubeReserved may only hold cpu, memory and ephemeral-storage"},
 		{name: "maxPods 0", kind: nc, patch: `spec: {maxPods: 0}`, wantErr: "spec.maxPods"},
-		{name: "maxPods 1025", kind: nc, patch: `spec: {maxPods: 1025}`, wantErr: "spec.maxPods"},
+		{name: "maxPods -1", kind: nc, patch: `spec: {maxPods: -1}`, wantErr: "spec.maxPods"},
+		{name: "maxPods 1", kind: nc, patch: `spec: {maxPods: 1}`},
+		{name: "maxPods 1025 (no maximum, like upstream)", kind: nc, patch: `spec: {maxPods: 1025}`},
+		{name: "maxPods 5000", kind: nc, patch: `spec: {maxPods: 5000}`},
 		{name: "maxPods 250", kind: nc, patch: `spec: {maxPods: 250}`},
 		{name: "cluster endpoint http", kind: nc, patch: `spec: {cluster: {endpoint: "http://10.0.0.1:6443"}}`, wantErr: "spec.cluster.endpoint"},
 		{name: "cluster endpoint https with CA", kind: nc, patch: `spec: {cluster: {endpoint: "https://10.0.0.1:6443", caBundle: LS0tLS1CRUdJTg==}}`},

@@ -47,7 +47,8 @@ type SSHHostSpec struct {
 	// (PEM) and optionally `knownHost` (a SHA256: fingerprint, a known_hosts line
 	// or a public-key line), which is authoritative over the TOFU pin.
 	SSHKeySecretRef LocalObjectReference `json:"sshKeySecretRef"`
-	// NodeAddress is the IP the node advertises; defaults to address.
+	// NodeAddress is the IP the node advertises; defaults to address when
+	// that is an IP, else to the IP the probe learns (status.observedNodeAddress).
 	// +kubebuilder:validation:MaxLength=45
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="nodeAddress must be an IP address"
 	// +optional
@@ -100,6 +101,17 @@ const (
 	HostLeaving     HostState = "Leaving"
 	HostMaintenance HostState = "Maintenance"
 )
+
+// JoinRan says join has started on the host under its current claim, so
+// its kubelet may run. A host claimed by an older controller has no
+// JoinClaimUID: InUse or a token id say it there.
+func (h *SSHHost) JoinRan() bool {
+	st := h.Status
+	if st.ClaimRef == nil {
+		return false
+	}
+	return st.State == HostInUse || st.BootstrapTokenID != "" || (st.JoinClaimUID != "" && st.JoinClaimUID == st.ClaimRef.UID)
+}
 
 // ClaimRef binds a host to exactly one NodeClaim object (name and UID).
 type ClaimRef struct {
@@ -167,6 +179,14 @@ type SSHHostStatus struct {
 	// BootstrapTokenID is the id of the token minted for the current join.
 	// +optional
 	BootstrapTokenID string `json:"bootstrapTokenID,omitempty"`
+	// JoinClaimUID is the UID of the claim under which join last started:
+	// written with BootstrapTokenID before join runs and, unlike it, kept when
+	// the token is collected (the Node registered). While it is the current
+	// claim's UID the host's kubelet may run: Delete runs leave, and a failed
+	// launch does not release the host Available. Cleared on release; one of
+	// an earlier claim means nothing.
+	// +optional
+	JoinClaimUID types.UID `json:"joinClaimUID,omitempty"`
 	// ProviderID recorded after a successful join.
 	// +optional
 	ProviderID string `json:"providerID,omitempty"`
@@ -179,6 +199,14 @@ type SSHHostStatus struct {
 	// ObservedArch is amd64, arm64 or the raw `uname -m`.
 	// +optional
 	ObservedArch string `json:"observedArch,omitempty"`
+	// ObservedNodeAddress is the host's own IP on the probe's SSH
+	// connection (the server address of $SSH_CONNECTION), canonical. It is
+	// the node address of a host whose spec.address is a DNS name and that
+	// has no spec.nodeAddress: a name is no --node-ip and no InternalIP.
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="observedNodeAddress must be an IP address"
+	// +optional
+	ObservedNodeAddress string `json:"observedNodeAddress,omitempty"`
 	// ObservedGeneration is the spec generation the last probe saw.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`

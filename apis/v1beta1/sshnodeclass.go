@@ -55,12 +55,14 @@ type SSHNodeClassSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k in ['cpu', 'memory', 'ephemeral-storage'])",message="kubeReserved may only hold cpu, memory and ephemeral-storage"
 	// +optional
 	KubeReserved corev1.ResourceList `json:"kubeReserved,omitempty"`
-	// MaxPods caps pods per node.
-	// +kubebuilder:default=110
+	// MaxPods, when set, is the pods capacity of every node of the class,
+	// overriding the hosts' capacity.pods. Unset: the hosts' capacity.pods
+	// (their minimum), else 110. No default, so "unset" stays visible; no
+	// maximum, like upstream's kubelet maxPods (its minimum is 0, but a node
+	// that fits no pod is a mistake worth an error).
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=1024
 	// +optional
-	MaxPods int32 `json:"maxPods,omitempty"`
+	MaxPods *int32 `json:"maxPods,omitempty"`
 	// Cluster overrides the endpoint and CA discovered from kube-public/cluster-info.
 	// +optional
 	Cluster *ClusterEndpoint `json:"cluster,omitempty"`
@@ -128,7 +130,8 @@ type NodeConditionGate struct {
 
 // SSHNodeClassStatus reports whether Karpenter may launch against the class.
 type SSHNodeClassStatus struct {
-	// Conditions: Ready (reasons ProfileNotFound, ProfileInvalid, SelectorError, NoHosts).
+	// Conditions: Ready (reasons ProfileNotFound, ProfileInvalid,
+	// TimeoutsExceedRegistration, SelectorError, NoHosts).
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -141,6 +144,9 @@ const (
 	ReasonProfileInvalid  = "ProfileInvalid"
 	ReasonSelectorError   = "SelectorError"
 	ReasonNoHosts         = "NoHosts"
+	// ReasonTimeoutsExceedRegistration: the profile's install + join
+	// timeouts exceed Karpenter's 15-minute registration window.
+	ReasonTimeoutsExceedRegistration = "TimeoutsExceedRegistration"
 )
 
 // SSHNodeClass is the provider-specific half of a NodePool.

@@ -573,6 +573,11 @@ func (in *SSHNodeClassSpec) DeepCopyInto(out *SSHNodeClassSpec) {
 			(*out)[key] = val.DeepCopy()
 		}
 	}
+	if in.MaxPods != nil {
+		in, out := &in.MaxPods, &out.MaxPods
+		*out = new(int32)
+		**out = **in
+	}
 	if in.Cluster != nil {
 		in, out := &in.Cluster, &out.Cluster
 		*out = new(ClusterEndpoint)

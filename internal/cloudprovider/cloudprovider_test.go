@@ -346,9 +346,10 @@ func TestCreateHappyPath(t *testing.T) {
 func TestCreateRecordsTokenBeforeJoin(t *testing.T) {
 	w := newWorld(t, nil, standard(newHost("h1", "small"))...)
 	var seen string
+	var marker types.UID
 	w.ph.during = func(ph engine.Phase) {
 		if ph == engine.PhaseJoin {
-			seen = w.host(t, "h1").Status.BootstrapTokenID
+			seen, marker = w.host(t, "h1").Status.BootstrapTokenID, w.host(t, "h1").Status.JoinClaimUID
 		}
 	}
 	if _, err := w.cp.Create(context.Background(), newNodeClaim("a")); err != nil {
@@ -357,6 +358,9 @@ func TestCreateRecordsTokenBeforeJoin(t *testing.T) {
 	join := w.ph.calls[len(w.ph.calls)-1].Ctx.BootstrapToken
 	if seen == "" || !strings.HasPrefix(join, seen+".") {
 		t.Fatalf("host recorded %q when join ran with token %q", seen, join)
+	}
+	if marker != "uid-a" {
+		t.Fatalf("join marker %q when join ran, want the claim's UID", marker)
 	}
 }
 
@@ -556,6 +560,79 @@ func TestCreateResumesExistingClaim(t *testing.T) {
 	}
 }
 
+// A resumed claim whose join ran (the marker survives the token GC) may run
+// a kubelet: a config error now must not release the host Available, where
+// the next claim would join a machine whose old kubelet still runs.
+func TestCreateResumedAfterJoinNeverReleasesAvailable(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		marker types.UID
+		want   v1beta1.HostState
+	}{
+		{name: "join ran under this claim → Unhealthy", marker: "uid-a", want: v1beta1.HostUnhealthy},
+		{name: "no join yet → Available", want: v1beta1.HostAvailable},
+		{name: "marker of an earlier claim → Available", marker: "uid-earlier", want: v1beta1.HostAvailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nc := newNodeClaim("a")
+			held := newHost("h1", "small", func(h *v1beta1.SSHHost) {
+				h.Status.State = v1beta1.HostClaimed
+				h.Status.ClaimRef = &v1beta1.ClaimRef{Name: "a", UID: nc.UID}
+				h.Status.InstalledProfile, h.Status.JoinClaimUID = "prof@2", tc.marker
+			})
+			w := newWorld(t, nil, nodeClass(), held) // the profile is gone: a config error
+			if _, err := w.cp.Create(context.Background(), nc); !isCreateError(err) {
+				t.Fatalf("err %v, want a CreateError", err)
+			}
+			if h := w.host(t, "h1"); h.Status.State != tc.want || h.Status.ClaimRef != nil || h.Status.JoinClaimUID != "" {
+				t.Fatalf("host %+v, want released %s", h.Status, tc.want)
+			}
+			if len(w.ph.calls) != 0 {
+				t.Fatalf("phases ran: %v", w.ph.phases())
+			}
+		})
+	}
+}
+
+// Issue 17 item 2: a host addressed by DNS name without nodeAddress. The
+// name is no --node-ip (KPSSH_NODE_ADDRESS) and no InternalIP; the IP its
+// probe learnt is, and a host with neither is refused before anything runs.
+func TestCreateDNSAddressedHostNodeAddress(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		observed string
+		want     string // KPSSH_NODE_ADDRESS; "" = refused
+	}{
+		{name: "the probe's IP", observed: "10.0.0.9", want: "10.0.0.9"},
+		{name: "no IP learnt: config error, nothing runs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, nil, standard(newHost("h1", "small", func(h *v1beta1.SSHHost) {
+				h.Spec.Address, h.Status.ObservedNodeAddress = "node-1.pool.example", tc.observed
+			}))...)
+			_, err := w.cp.Create(context.Background(), newNodeClaim("a"))
+			if tc.want == "" {
+				h := w.host(t, "h1")
+				if !isCreateError(err) || len(w.ph.calls) != 0 || h.Status.State != v1beta1.HostAvailable || h.Status.ClaimRef != nil {
+					t.Fatalf("err %v, phases %v, host %s: want a config error, nothing run, the host Available", err, w.ph.phases(), h.Status.State)
+				}
+				if !strings.Contains(err.Error(), "spec.nodeAddress") || !contains(w.rec.reasons(), ReasonJoinFailed) {
+					t.Fatalf("err %v, events %v: want JoinFailed naming spec.nodeAddress", err, w.rec.reasons())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range w.ph.calls {
+				if c.Ctx.NodeAddress != tc.want || c.Ctx.HostAddress != "node-1.pool.example" {
+					t.Fatalf("%s ran with node address %q, host address %q", c.Phase, c.Ctx.NodeAddress, c.Ctx.HostAddress)
+				}
+			}
+		})
+	}
+}
+
 func TestCreateClaimLostDuringJoin(t *testing.T) {
 	w := newWorld(t, nil, standard(newHost("h1", "small"))...)
 	w.ph.during = func(ph engine.Phase) {
@@ -665,6 +742,16 @@ func TestDelete(t *testing.T) {
 			h.Status.State = v1beta1.HostClaimed
 			h.Status.ClaimRef = &v1beta1.ClaimRef{Name: claim.Name, UID: claim.UID}
 		}), del: claim, wantState: v1beta1.HostAvailable},
+		{name: "claimed, joined, token collected, InUse never written → leave", host: newHost("h1", "small", func(h *v1beta1.SSHHost) {
+			h.Status.State = v1beta1.HostClaimed
+			h.Status.ClaimRef = &v1beta1.ClaimRef{Name: claim.Name, UID: claim.UID}
+			h.Status.InstalledProfile, h.Status.JoinClaimUID = "prof@2", claim.UID
+		}), del: claim, wantState: v1beta1.HostAvailable, wantLeave: "prof"},
+		{name: "a join marker of an earlier claim means nothing → no leave", host: newHost("h1", "small", func(h *v1beta1.SSHHost) {
+			h.Status.State = v1beta1.HostClaimed
+			h.Status.ClaimRef = &v1beta1.ClaimRef{Name: claim.Name, UID: claim.UID}
+			h.Status.JoinClaimUID = "uid-of-an-earlier-claim"
+		}), del: claim, wantState: v1beta1.HostAvailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := tc.objs
@@ -703,7 +790,7 @@ func TestDelete(t *testing.T) {
 				if tc.host.Status.BootstrapTokenID != "" && !contains(w.tok.deleted, tc.host.Status.BootstrapTokenID) {
 					t.Fatalf("token %s not deleted on release (deleted %v)", tc.host.Status.BootstrapTokenID, w.tok.deleted)
 				}
-				if h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" || h.Status.ProviderID != "" {
+				if h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" || h.Status.ProviderID != "" || h.Status.JoinClaimUID != "" {
 					t.Fatalf("not released: %+v", h.Status)
 				}
 				// The next call (Karpenter keeps calling until NotFound) is NotFound.

@@ -89,7 +89,7 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	}
 	if it == nil {
 		msg := fmt.Sprintf("host %s's class %q is no longer offered by node class %s", h.Name, h.Class(), nc.Name)
-		return nil, c.fail(ctx, nodeClaim, h, claim, failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: msg})
+		return nil, c.fail(ctx, nodeClaim, h, claim, failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: msg}.after(h.JoinRan()))
 	}
 	return c.launch(ctx, nodeClaim, nc, h, it, claim)
 }
@@ -127,7 +127,7 @@ func (c *CloudProvider) refuseDuplicate(ctx context.Context, nodeClaim *karpv1.N
 	if err != nil || !dup {
 		return err
 	}
-	return c.fail(ctx, nodeClaim, h, claim, failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: d.Message()})
+	return c.fail(ctx, nodeClaim, h, claim, failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: d.Message()}.after(h.JoinRan()))
 }
 
 // Compatible filters instance types (cheapest first, as given) by the
@@ -169,6 +169,8 @@ func (c *CloudProvider) heldBy(ctx context.Context, claim pool.Claim) (*v1beta1.
 
 // launch runs the phases on a held host.
 func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim, nc *v1beta1.SSHNodeClass, h *v1beta1.SSHHost, it *cloudprovider.InstanceType, claim pool.Claim) (*karpv1.NodeClaim, error) {
+	joined := h.JoinRan() // a resumed claim whose join ran before
+	fail := func(f failure) error { return c.fail(ctx, nodeClaim, h, claim, f.after(joined)) }
 	// A resumed claim may carry the token of an interrupted join: it is
 	// dead weight now (the join re-runs with a fresh one).
 	if h.Status.BootstrapTokenID != "" {
@@ -181,18 +183,21 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 		return nil, err
 	}
 	if prof == nil {
-		return nil, c.fail(ctx, nodeClaim, h, claim, configFailure(fmt.Sprintf("SSHJoinProfile %q not found", nc.Spec.JoinProfileRef.Name)))
+		return nil, fail(configFailure(fmt.Sprintf("SSHJoinProfile %q not found", nc.Spec.JoinProfileRef.Name)))
+	}
+	if NodeAddress(h) == "" {
+		return nil, fail(configFailure(fmt.Sprintf("spec.address %q is a DNS name, spec.nodeAddress is unset and no probe has reported the host's IP (status.observedNodeAddress): set spec.nodeAddress", h.Spec.Address)))
 	}
 	secrets, err := JoinSecrets(ctx, c.Live, c.Pool.Namespace, nc)
 	if err != nil {
 		if !apierrors.IsNotFound(err) && !errors.Is(err, ErrSecretKey) {
 			return nil, err // an API failure: retry, keep the claim
 		}
-		return nil, c.fail(ctx, nodeClaim, h, claim, configFailure(err.Error()))
+		return nil, fail(configFailure(err.Error()))
 	}
 	info, err := c.Cluster.Get(ctx, nc)
 	if err != nil {
-		return nil, c.fail(ctx, nodeClaim, h, claim, configFailure(err.Error()))
+		return nil, fail(configFailure(err.Error()))
 	}
 	redact := secretValues(secrets)
 	pc := JoinContext(h, nc, prof, nodeClaim, it, info, secrets)
@@ -201,7 +206,7 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	if h.Status.InstalledProfile != prof.Marker() {
 		out := c.Phases.Run(ctx, h, prof, engine.PhaseInstall, pc, redact)
 		if !out.OK() {
-			return nil, c.fail(ctx, nodeClaim, h, claim, phaseFailure(engine.PhaseInstall, out).refusedBy(out, engine.PhaseInstall, h, nc, prof, metav1.NewTime(c.Clock.Now())))
+			return nil, fail(phaseFailure(engine.PhaseInstall, out).refusedBy(out, engine.PhaseInstall, h, nc, prof, metav1.NewTime(c.Clock.Now())))
 		}
 		if h, err = c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {
 			h.Status.InstalledProfile = prof.Marker()
@@ -213,11 +218,14 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 
 	tok, err := c.Tokens.Mint(ctx, nodeClaim.Name)
 	if err != nil {
-		return nil, c.fail(ctx, nodeClaim, h, claim, failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: "mint bootstrap token: " + err.Error()})
+		return nil, fail(failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: "mint bootstrap token: " + err.Error()})
 	}
 	// Record the id before the join: whatever happens next, the token is
-	// findable (and deletable) from the host.
-	if h, err = c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) { h.Status.BootstrapTokenID = tok.ID }); err != nil {
+	// findable (and deletable) from the host. The join marker goes with it:
+	// the token GC clears the id once the Node registers, the marker stays.
+	if h, err = c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {
+		h.Status.BootstrapTokenID, h.Status.JoinClaimUID = tok.ID, claim.UID
+	}); err != nil {
 		_ = c.Tokens.Delete(ctx, tok.ID)
 		return nil, c.lost(ctx, nodeClaim, err)
 	}
@@ -225,7 +233,7 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	redact = append(redact, tok.String(), tok.Secret)
 	out := c.Phases.Run(ctx, h, prof, engine.PhaseJoin, pc, redact)
 	if !out.OK() {
-		return nil, c.fail(ctx, nodeClaim, h, claim, phaseFailure(engine.PhaseJoin, out).refusedBy(out, engine.PhaseJoin, h, nc, prof, metav1.NewTime(c.Clock.Now())))
+		return nil, fail(phaseFailure(engine.PhaseJoin, out).refusedBy(out, engine.PhaseJoin, h, nc, prof, metav1.NewTime(c.Clock.Now())))
 	}
 
 	providerID := pc.ProviderID
@@ -233,7 +241,7 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 		providerID, err = c.adopt(ctx, h, nodeClaim)
 		if err != nil {
 			f := failure{event: ReasonAdoptFailed, state: v1beta1.HostUnhealthy, msg: err.Error(), lastPhase: out.LastPhase}
-			return nil, c.fail(ctx, nodeClaim, h, claim, f)
+			return nil, fail(f)
 		}
 	}
 	if h, err = c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {

@@ -43,8 +43,10 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	state, msg := v1beta1.HostAvailable, "released by NodeClaim "+nodeClaim.Name
 	var lastPhase *v1beta1.LastPhase
 	// A host that never got to join has nothing to leave: the claim
-	// happened, install may have run, but no kubelet was started.
-	if h.Status.State == v1beta1.HostInUse || h.Status.BootstrapTokenID != "" {
+	// happened, install may have run, but no kubelet was started. One whose
+	// join started may run a kubelet even with no InUse written and its
+	// token collected (JoinRan reads the marker that survives both).
+	if h.JoinRan() {
 		prof, err := leave.Profile(ctx, c.Client, h)
 		if err != nil {
 			return err

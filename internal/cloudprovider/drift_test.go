@@ -6,6 +6,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
@@ -41,7 +42,7 @@ func TestDrifted(t *testing.T) {
 		{"cluster override", host("tls@2"), edit(func(nc *v1beta1.SSHNodeClass) { nc.Spec.Cluster = &v1beta1.ClusterEndpoint{Endpoint: "https://x"} }), stamp(base), NodeClassDrift},
 		{"price edit never drifts", host("tls@2"), edit(func(nc *v1beta1.SSHNodeClass) { nc.Spec.PricePerCPUHour = "9" }), stamp(base), ""},
 		{"maxPods/kubeReserved/selector never drift", host("tls@2"), edit(func(nc *v1beta1.SSHNodeClass) {
-			nc.Spec.MaxPods = 5
+			nc.Spec.MaxPods = ptr.To[int32](5)
 			nc.Spec.KubeReserved = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}
 			nc.Spec.HostSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"a": "b"}}
 		}), stamp(base), ""},

@@ -37,6 +37,17 @@ func phaseFailure(ph engine.Phase, out phase.Outcome) failure {
 	return f
 }
 
+// after keeps a host whose join ran under this claim (joined) from being
+// released Available: its kubelet may run, so it goes Unhealthy, where the
+// zombie guard runs leave before the host is offered again.
+func (f failure) after(joined bool) failure {
+	if joined && f.state == v1beta1.HostAvailable {
+		f.state = v1beta1.HostUnhealthy
+		f.msg += " (a join ran under this claim: its kubelet may run)"
+	}
+	return f
+}
+
 // refusedBy makes a phase failure sticky when the host's shim refused the
 // phase: the same node class, profile and host spec would be refused again,
 // so the node class does not claim the host until one of them changes

@@ -58,8 +58,8 @@ func withLabel(list, kv string) string {
 	return strings.Join(labels, ",")
 }
 
-// NodeAddress is the address the node advertises: spec.nodeAddress, else
-// spec.address.
+// NodeAddress is the IP the node advertises (leave.NodeAddress): never a
+// DNS name; "" when none is known.
 func NodeAddress(h *v1beta1.SSHHost) string { return leave.NodeAddress(h) }
 
 // ErrSecretKey is wrapped by JoinSecrets' error for a key that cannot be

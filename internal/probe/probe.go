@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
@@ -20,7 +21,7 @@ const DefaultTimeout = 30 * time.Second
 
 // rawCommand prints one key=value line per fact; the `|| true` keeps a host
 // without systemctl (or with kubelet unknown) from failing the whole probe.
-const rawCommand = `echo "nproc=$(nproc)"; echo "memtotal_kb=$(awk '/^MemTotal:/{print $2}' /proc/meminfo)"; echo "arch=$(uname -m)"; echo "kubelet=$(systemctl is-active kubelet 2>/dev/null || true)"; echo "kubelet_enabled=$(systemctl is-enabled kubelet 2>/dev/null || true)"`
+const rawCommand = `echo "nproc=$(nproc)"; echo "memtotal_kb=$(awk '/^MemTotal:/{print $2}' /proc/meminfo)"; echo "arch=$(uname -m)"; echo "kubelet=$(systemctl is-active kubelet 2>/dev/null || true)"; echo "kubelet_enabled=$(systemctl is-enabled kubelet 2>/dev/null || true)"; echo "ssh_connection=${SSH_CONNECTION:-}"`
 
 // ShimCommandPattern is what spec.shimCommand may hold: words of letters,
 // digits and /._+=,@- separated by single spaces ("kpssh-shim",
@@ -73,6 +74,12 @@ type Facts struct {
 	// probed right after power-on, before systemd reached the kubelet, is
 	// not a host without one.
 	KubeletEnabled bool
+	// NodeIP is the host's own address on this SSH connection, the server
+	// half of $SSH_CONNECTION, canonical; "" when the session had none (the
+	// shim's probe op, sudo) or it is no usable node IP (loopback,
+	// unspecified, a zoned link-local). sshd reports the address the
+	// connection arrived on, past any NAT: the one a kubelet would advertise.
+	NodeIP string
 }
 
 // KubeletMayRun reports whether a kubelet runs or will start by itself (an
@@ -102,7 +109,7 @@ func Parse(out string) (Facts, error) {
 			continue
 		}
 		switch k {
-		case "nproc", "memtotal_kb", "arch", "kubelet", "kubelet_enabled":
+		case "nproc", "memtotal_kb", "arch", "kubelet", "kubelet_enabled", "ssh_connection":
 			vals[k] = strings.TrimSpace(v)
 		}
 	}
@@ -127,7 +134,26 @@ func Parse(out string) (Facts, error) {
 	case "enabled", "enabled-runtime":
 		f.KubeletEnabled = true
 	}
+	f.NodeIP = serverIP(vals["ssh_connection"])
 	return f, nil
+}
+
+// serverIP is the server address of an SSH_CONNECTION value ("client_ip
+// client_port server_ip server_port") when it can be a node IP, else "".
+func serverIP(conn string) string {
+	fields := strings.Fields(conn)
+	if len(fields) != 4 {
+		return ""
+	}
+	ip, err := netip.ParseAddr(fields[2])
+	if err != nil || ip.Zone() != "" {
+		return ""
+	}
+	ip = ip.Unmap()
+	if ip.IsLoopback() || ip.IsUnspecified() {
+		return ""
+	}
+	return ip.String()
 }
 
 func positive(vals map[string]string, key string, max int64) (int64, error) {

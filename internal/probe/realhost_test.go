@@ -68,3 +68,26 @@ func TestShimCommandInjectionAgainstRealHost(t *testing.T) {
 		}
 	}
 }
+
+// Issue 17 item 2 against a real sshd: the probe learns the host's own IP
+// from the session's SSH_CONNECTION (its server half), so a host addressed
+// by DNS name gets an IP node address. The host's interfaces confirm it.
+func TestProbeLearnsTheHostsIPFromRealSSHD(t *testing.T) {
+	w := hostenv.Up(t, 1)
+	key, err := os.ReadFile(w.Inventory().ClientKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := w.Host(0)
+	target := sshx.Target{Address: h.Address, Port: int32(h.Port), User: h.User, PrivateKey: key, ExpectedFingerprint: h.Fingerprint}
+	res, err := probe.Run(context.Background(), target, false, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Facts.NodeIP == "" || res.Facts.NodeIP != h.Address {
+		t.Fatalf("probe learnt node IP %q, want the host's %s", res.Facts.NodeIP, h.Address)
+	}
+	if own := w.MustRun(0, "ip -o addr show"); !strings.Contains(own, " "+res.Facts.NodeIP+"/") {
+		t.Fatalf("%s is not an address of the host:\n%s", res.Facts.NodeIP, own)
+	}
+}

@@ -77,6 +77,7 @@ func (c *Controller) probeSucceeded(ctx context.Context, h *v1beta1.SSHHost, cre
 		corev1.ResourceMemory: *resource.NewQuantity(res.Facts.MemoryKiB*1024, resource.BinarySI),
 	}
 	h.Status.ObservedArch = res.Facts.Arch
+	h.Status.ObservedNodeAddress = res.Facts.NodeIP
 	h.Status.LastProbeError = ""
 	if msg == "" {
 		msg = fmt.Sprintf("probe succeeded: %d CPU, %s memory, %s", res.Facts.CPU, h.Status.ObservedCapacity.Memory(), res.Facts.Arch)

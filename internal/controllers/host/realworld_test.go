@@ -193,6 +193,10 @@ func TestHostControllerAgainstRealHosts(t *testing.T) {
 			if h.Status.ObservedArch != "amd64" || h.Status.ObservedCapacity.Cpu().String() != nproc || h.Status.ObservedCapacity.Memory().IsZero() {
 				t.Errorf("%s observed %s %v, want amd64 cpu=%s", hh.Name, h.Status.ObservedArch, h.Status.ObservedCapacity, nproc)
 			}
+			// the host's own IP as its sshd saw the probe arrive (issue 17 item 2)
+			if h.Status.ObservedNodeAddress != hh.Address {
+				t.Errorf("%s observedNodeAddress %q, want %s", hh.Name, h.Status.ObservedNodeAddress, hh.Address)
+			}
 			if c := h.StatusConditions().Get(v1beta1.ConditionReady); c == nil || c.Reason != host.ReasonProbeSucceeded {
 				t.Errorf("%s ready condition %+v", hh.Name, c)
 			}

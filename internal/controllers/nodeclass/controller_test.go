@@ -185,6 +185,12 @@ func scriptProfile(name, leave string) *v1beta1.SSHJoinProfile {
 		Scripts: &v1beta1.ProfileScripts{Install: "echo install", Join: "echo join {{ .Vars.k8sMinor }}", Leave: v1beta1.Script(leave)}}}
 }
 
+func timedProfile(name string, install, join v1beta1.Duration) *v1beta1.SSHJoinProfile {
+	p := scriptProfile(name, goodLeave)
+	p.Spec.Timeouts = v1beta1.PhaseTimeouts{Install: install, Join: join}
+	return p
+}
+
 func roleProfile(name string) *v1beta1.SSHJoinProfile {
 	return &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1beta1.SSHJoinProfileSpec{Version: "1",
 		Ansible: &v1beta1.AnsibleSource{Role: "tls_bootstrap"}}}
@@ -249,6 +255,25 @@ func TestReadiness(t *testing.T) {
 			wantStatus: metav1.ConditionTrue, wantReason: ReasonReady},
 		{name: "empty selector selects all", objs: []client.Object{scriptProfile("p", goodLeave), host("h1", ns, nil), class("c", "p", selector(&metav1.LabelSelector{}))},
 			wantStatus: metav1.ConditionTrue, wantReason: ReasonReady},
+		// Karpenter deletes a NodeClaim not registered 15 min after it was created
+		{name: "install + join exceed the registration window", objs: []client.Object{class("c", "p"), timedProfile("p", "12m", "5m"), host("h1", ns, nil)},
+			wantStatus: metav1.ConditionFalse, wantReason: ReasonTimeoutsExceedRegistration,
+			wantMsg: "install 12m + join 5m = 17m exceeds Karpenter's registration window of 15m"},
+		{name: "hours count", objs: []client.Object{class("c", "p"), timedProfile("p", "1h", "30s"), host("h1", ns, nil)},
+			wantStatus: metav1.ConditionFalse, wantReason: ReasonTimeoutsExceedRegistration, wantMsg: "install 1h + join 30s = 1h0m30s"},
+		{name: "install + join fill the window exactly", objs: []client.Object{class("c", "p"), timedProfile("p", "10m", "5m"), host("h1", ns, nil)},
+			wantStatus: metav1.ConditionTrue, wantReason: ReasonReady},
+		{name: "unset timeouts are the defaults 10m + 5m", objs: []client.Object{class("c", "p"), timedProfile("p", "", ""), host("h1", ns, nil)},
+			wantStatus: metav1.ConditionTrue, wantReason: ReasonReady},
+		{name: "unset install default counts", objs: []client.Object{class("c", "p"), timedProfile("p", "", "6m"), host("h1", ns, nil)},
+			wantStatus: metav1.ConditionFalse, wantReason: ReasonTimeoutsExceedRegistration, wantMsg: "install 10m + join 6m = 16m"},
+		{name: "invalid profile before its timeouts", objs: []client.Object{class("c", "p"), host("h1", ns, nil),
+			func() client.Object {
+				p := timedProfile("p", "20m", "5m")
+				p.Spec.Scripts.Leave = "echo {{ .Vars.x }}"
+				return p
+			}()},
+			wantStatus: metav1.ConditionFalse, wantReason: ReasonProfileInvalid},
 		// the first problem wins, in the order a user fixes them
 		{name: "missing profile before bad selector", objs: []client.Object{class("c", "nope", selector(&metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Near"}}}))},
 			wantStatus: metav1.ConditionFalse, wantReason: ReasonProfileNotFound},

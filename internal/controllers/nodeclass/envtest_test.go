@@ -217,6 +217,24 @@ func TestNodeClassAgainstAPIServer(t *testing.T) {
 		waitReady(t, n("vars-leave"), metav1.ConditionTrue, "Ready", "")
 	})
 
+	t.Run("timeouts over the registration window are refused, lowering them makes Ready", func(t *testing.T) {
+		p := scripts(n("slow"), goodLeave)
+		p.Spec.Timeouts = v1beta1.PhaseTimeouts{Install: "14m", Join: "2m"} // leave gets the CRD default
+		create(t, p)
+		create(t, class(n("slow"), n("slow"), classSel("x86")))
+		msg := "timeouts install 14m + join 2m = 16m exceeds Karpenter's registration window of 15m"
+		waitReady(t, n("slow"), metav1.ConditionFalse, v1beta1.ReasonTimeoutsExceedRegistration, msg)
+		waitEvent(t, n("slow"), v1beta1.ReasonTimeoutsExceedRegistration, msg)
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: n("slow")}, p); err != nil {
+			t.Fatal(err)
+		}
+		p.Spec.Timeouts.Install = "13m"
+		if err := env.Client.Update(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		waitReady(t, n("slow"), metav1.ConditionTrue, "Ready", "")
+	})
+
 	t.Run("roles resolve through the real engine", func(t *testing.T) {
 		role := func(name, r string) *v1beta1.SSHJoinProfile {
 			return &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1beta1.SSHJoinProfileSpec{Ansible: &v1beta1.AnsibleSource{Role: r}}}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/awslabs/operatorpkg/status"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/karpenter/pkg/events"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/profile"
 )
 
@@ -26,7 +28,17 @@ const (
 	ReasonProfileInvalid  = v1beta1.ReasonProfileInvalid
 	ReasonSelectorError   = v1beta1.ReasonSelectorError
 	ReasonNoHosts         = v1beta1.ReasonNoHosts
+	// ReasonTimeoutsExceedRegistration: the profile's install + join
+	// timeouts are longer than Karpenter's registration window.
+	ReasonTimeoutsExceedRegistration = v1beta1.ReasonTimeoutsExceedRegistration
 )
+
+// RegistrationWindow is how long Karpenter core waits for a NodeClaim's Node
+// to register before deleting the NodeClaim: registrationTimeout in
+// sigs.k8s.io/karpenter pkg/controllers/nodeclaim/lifecycle/liveness.go
+// (unexported; a test reads it from the module source). Create runs install
+// and join inside that window.
+const RegistrationWindow = 15 * time.Minute
 
 // maxMessage bounds a condition message (the CRD allows 32768; a template
 // error quoting a 256 KiB script must not come close).
@@ -72,6 +84,9 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 	if err := profile.Validate(p, c.Roles); err != nil {
 		return notReady(ReasonProfileInvalid, "%v", err), nil
 	}
+	if v, ok := timeoutsVerdict(p); !ok {
+		return v, nil
+	}
 	sel := labels.Everything()
 	if nc.Spec.HostSelector != nil {
 		s, err := metav1.LabelSelectorAsSelector(nc.Spec.HostSelector)
@@ -92,6 +107,31 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 		v.warning = notReady("", "warning: profile %s: %s", p.Name, strings.Join(w, "; ")).message
 	}
 	return v, nil
+}
+
+// timeoutsVerdict refuses a profile whose install + join timeouts exceed
+// the registration window: Karpenter would delete the NodeClaim while a slow
+// phase still runs on the host. Equal fits (the defaults, 10m + 5m, do).
+func timeoutsVerdict(p *v1beta1.SSHJoinProfile) (verdict, bool) {
+	install, join := profile.Timeout(p, engine.PhaseInstall), profile.Timeout(p, engine.PhaseJoin)
+	if install+join <= RegistrationWindow {
+		return verdict{}, true
+	}
+	return notReady(ReasonTimeoutsExceedRegistration,
+		"profile %s: timeouts install %s + join %s = %s exceeds Karpenter's registration window of %s; lower spec.timeouts.install or spec.timeouts.join",
+		p.Name, short(install), short(join), short(install+join), short(RegistrationWindow)), false
+}
+
+// short prints a duration without zero tails: 15m, not 15m0s.
+func short(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // updateReadiness sets the Ready condition from check and writes the status

@@ -106,14 +106,7 @@ func minCapacity(hosts []*v1beta1.SSHHost) corev1.ResourceList {
 // New builds the instance type of one class under a node class.
 func New(c Class, nc *v1beta1.SSHNodeClass) (*cloudprovider.InstanceType, error) {
 	capacity := c.Capacity.DeepCopy()
-	pods := int64(nc.Spec.MaxPods)
-	if pods == 0 {
-		pods = 110
-	}
-	if declared, ok := capacity[corev1.ResourcePods]; ok && declared.Value() < pods {
-		pods = declared.Value()
-	}
-	capacity[corev1.ResourcePods] = *resource.NewQuantity(pods, resource.DecimalSI)
+	capacity[corev1.ResourcePods] = *resource.NewQuantity(Pods(capacity, nc.Spec.MaxPods), resource.DecimalSI)
 
 	price, err := Price(nc.Spec.PricePerCPUHour, capacity.Cpu())
 	if err != nil {
@@ -145,6 +138,23 @@ func New(c Class, nc *v1beta1.SSHNodeClass) (*cloudprovider.InstanceType, error)
 		Capacity: capacity,
 		Overhead: &cloudprovider.InstanceTypeOverhead{KubeReserved: reserved},
 	}, nil
+}
+
+// DefaultPods is a node's pods capacity when neither the node class
+// (maxPods) nor the hosts (capacity.pods) say: the kubelet's default.
+const DefaultPods = 110
+
+// Pods is a class's pods capacity (SPEC §1: capacity.pods is honoured unless
+// the node class sets maxPods): maxPods when set, above or below the hosts'
+// figure; else the hosts' capacity.pods; else DefaultPods.
+func Pods(hostCapacity corev1.ResourceList, maxPods *int32) int64 {
+	if maxPods != nil {
+		return int64(*maxPods)
+	}
+	if declared, ok := hostCapacity[corev1.ResourcePods]; ok {
+		return declared.Value()
+	}
+	return DefaultPods
 }
 
 // Price is pricePerCPUHour × vCPU.

@@ -97,7 +97,7 @@ func TestClasses(t *testing.T) {
 func itoa(i int) string { return resource.NewQuantity(int64(i), resource.DecimalSI).String() }
 
 func TestNewInstanceType(t *testing.T) {
-	nc := &v1beta1.SSHNodeClass{Spec: v1beta1.SSHNodeClassSpec{PricePerCPUHour: "0.05", MaxPods: 110,
+	nc := &v1beta1.SSHNodeClass{Spec: v1beta1.SSHNodeClassSpec{PricePerCPUHour: "0.05",
 		KubeReserved: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}}
 	cls := instancetype.Classes(logr.Discard(), []v1beta1.SSHHost{host("a", "big", "arm64", "4", "8Gi", pods("50")), host("b", "big", "arm64", "4", "8Gi", pods("60"), inUse)})
 	it, err := instancetype.New(cls[0], nc)
@@ -106,9 +106,6 @@ func TestNewInstanceType(t *testing.T) {
 	}
 	if it.Name != "big" || it.Offerings[0].Price != 0.2 || !it.Offerings[0].Available {
 		t.Fatalf("%s price %v available %v", it.Name, it.Offerings[0].Price, it.Offerings[0].Available)
-	}
-	if it.Capacity.Pods().Value() != 50 {
-		t.Fatalf("pods %s: declared pods below maxPods win", it.Capacity.Pods())
 	}
 	for key, want := range map[string]string{corev1.LabelInstanceTypeStable: "big", corev1.LabelArchStable: "arm64", corev1.LabelOSStable: "linux",
 		corev1.LabelTopologyZone: "pool", karpv1.CapacityTypeLabelKey: "on-demand"} {
@@ -119,13 +116,41 @@ func TestNewInstanceType(t *testing.T) {
 	if it.Overhead.KubeReserved.Cpu().String() != "100m" {
 		t.Errorf("kubeReserved %v", it.Overhead.KubeReserved)
 	}
-	nc.Spec.MaxPods = 20
-	it, _ = instancetype.New(cls[0], nc)
-	if it.Capacity.Pods().Value() != 20 {
-		t.Fatalf("maxPods not applied: %s", it.Capacity.Pods())
-	}
 	nc.Spec.PricePerCPUHour = "bogus"
 	if _, err := instancetype.New(cls[0], nc); err == nil {
 		t.Fatal("bad price accepted")
 	}
 }
+
+// SPEC §1: a host's capacity.pods is honoured unless the node class sets
+// maxPods; neither set gives the kubelet's 110.
+func TestPodsCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		hosts   []v1beta1.SSHHost
+		maxPods *int32
+		want    int64
+	}{
+		{name: "neither set: 110", hosts: []v1beta1.SSHHost{host("a", "c", "amd64", "4", "8Gi")}, want: 110},
+		{name: "host pods below 110", hosts: []v1beta1.SSHHost{host("a", "c", "amd64", "4", "8Gi", pods("50"))}, want: 50},
+		{name: "host pods above 110", hosts: []v1beta1.SSHHost{host("a", "c", "amd64", "4", "8Gi", pods("250"))}, want: 250},
+		{name: "class minimum of host pods", hosts: []v1beta1.SSHHost{host("a", "c", "amd64", "4", "8Gi", pods("250")), host("b", "c", "amd64", "4", "8Gi", pods("300"))}, want: 250},
+		{name: "pods missing on one host: 110", hosts: []v1beta1.SSHHost{host("a", "c", "amd64", "4", "8Gi", pods("250")), host("b", "c", "amd64", "4", "8Gi")}, want: 110},
+		{name: "maxPods below host pods", hosts: []v1beta1.SSHHost{host("a", "c", "amd64", "4", "8Gi", pods("250"))}, maxPods: ptr(20), want: 20},
+		{name: "maxPods above host pods", hosts: []v1beta1.SSHHost{host("a", "c", "amd64", "4", "8Gi", pods("50"))}, maxPods: ptr(300), want: 300},
+		{name: "maxPods without host pods", hosts: []v1beta1.SSHHost{host("a", "c", "amd64", "4", "8Gi")}, maxPods: ptr(2000), want: 2000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nc := &v1beta1.SSHNodeClass{Spec: v1beta1.SSHNodeClassSpec{MaxPods: tc.maxPods}}
+			it, err := instancetype.New(instancetype.Classes(logr.Discard(), tc.hosts)[0], nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := it.Capacity.Pods().Value(); got != tc.want {
+				t.Fatalf("pods %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func ptr(n int32) *int32 { return &n }

@@ -89,11 +89,7 @@ func (s *script) resolve(ctx context.Context, host *v1beta1.SSHHost) (string, ti
 // engine.Env applies the rest of the contract (other fixed names exported
 // empty, no KPSSH_VAR_*/KPSSH_SECRET_*).
 func EmptyContext(host *v1beta1.SSHHost) engine.Context {
-	node := host.Spec.NodeAddress
-	if node == "" {
-		node = host.Spec.Address
-	}
-	return engine.Context{HostAddress: host.Spec.Address, NodeAddress: node}
+	return engine.Context{HostAddress: host.Spec.Address, NodeAddress: NodeAddress(host)}
 }
 
 // Shell is how a raw script runs: bash as root (sudo for other users).

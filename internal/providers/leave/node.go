@@ -32,13 +32,18 @@ func StaticProviderID(h *v1beta1.SSHHost) string {
 	return v1beta1.ProviderIDScheme + "://" + h.Namespace + "/" + h.Name
 }
 
-// NodeAddress is the address the host's kubelet advertises: spec.nodeAddress,
-// else spec.address.
+// NodeAddress is the IP the host's kubelet advertises: spec.nodeAddress,
+// else spec.address when that is an IP, else the IP the probe learnt
+// (status.observedNodeAddress). A DNS name is never one: it is no --node-ip
+// and matches no InternalIP. "" when nothing is known yet.
 func NodeAddress(h *v1beta1.SSHHost) string {
 	if h.Spec.NodeAddress != "" {
 		return h.Spec.NodeAddress
 	}
-	return h.Spec.Address
+	if _, err := netip.ParseAddr(h.Spec.Address); err == nil {
+		return h.Spec.Address
+	}
+	return h.Status.ObservedNodeAddress
 }
 
 // Tied reports whether n is the Node of host h's kubelet:
@@ -64,6 +69,9 @@ func Tied(h *v1beta1.SSHHost, n *corev1.Node, since time.Time) bool {
 		return false
 	}
 	want := NodeAddress(h)
+	if want == "" {
+		return false
+	}
 	for _, a := range n.Status.Addresses {
 		if a.Type == corev1.NodeInternalIP && sameIP(a.Address, want) {
 			return true

@@ -55,6 +55,37 @@ func recorded(id string) func(*v1beta1.SSHHost) {
 	return func(h *v1beta1.SSHHost) { h.Status.ProviderID = id }
 }
 
+// byName addresses the host by DNS name, without nodeAddress; observed is
+// the IP its probe learnt.
+func byName(observed string) func(*v1beta1.SSHHost) {
+	return func(h *v1beta1.SSHHost) {
+		h.Spec.Address, h.Spec.NodeAddress, h.Status.ObservedNodeAddress = "node-1.pool.example", "", observed
+	}
+}
+
+func TestNodeAddress(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mut  func(*v1beta1.SSHHost)
+		want string
+	}{
+		{"nodeAddress wins", func(h *v1beta1.SSHHost) { h.Status.ObservedNodeAddress = "10.0.0.9" }, "10.0.0.1"},
+		{"an IP address without nodeAddress", func(h *v1beta1.SSHHost) { h.Spec.NodeAddress, h.Status.ObservedNodeAddress = "", "10.0.0.9" }, "192.0.2.1"},
+		{"a DNS name: the probe's IP", byName("10.0.0.9"), "10.0.0.9"},
+		{"a DNS name never probed: none (a name is no --node-ip)", byName(""), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := testHost(tc.mut)
+			if got := NodeAddress(h); got != tc.want {
+				t.Fatalf("NodeAddress = %q, want %q", got, tc.want)
+			}
+			if got := EmptyContext(h).NodeAddress; got != tc.want {
+				t.Fatalf("leave's KPSSH_NODE_ADDRESS = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestTied(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -83,6 +114,13 @@ func TestTied(t *testing.T) {
 			testNode("mi-1", hostLabel("pool", "h1"), addr(corev1.NodeInternalIP, "2001:DB8:0:0::7")), true},
 		{"host label, spec.address when no nodeAddress", testHost(func(h *v1beta1.SSHHost) { h.Spec.NodeAddress = "" }),
 			testNode("mi-1", hostLabel("pool", "h1"), addr(corev1.NodeInternalIP, "192.0.2.1")), true},
+		// issue 17 item 2: a DNS name is no InternalIP; the probe's is
+		{"host label, DNS address: the IP the probe learnt", testHost(byName("10.0.0.9")),
+			testNode("mi-1", hostLabel("pool", "h1"), addr(corev1.NodeInternalIP, "10.0.0.9")), true},
+		{"host label, DNS address, another InternalIP", testHost(byName("10.0.0.9")),
+			testNode("mi-1", hostLabel("pool", "h1"), addr(corev1.NodeInternalIP, "10.0.0.1")), false},
+		{"host label, DNS address never probed", testHost(byName("")),
+			testNode("mi-1", hostLabel("pool", "h1"), addr(corev1.NodeInternalIP, "10.0.0.1")), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := Tied(tc.host, tc.node, claimed); got != tc.want {

@@ -310,6 +310,7 @@ func (p *Pool) Release(ctx context.Context, name string, c Claim, state v1beta1.
 func Released(h *v1beta1.SSHHost, state v1beta1.HostState, msg string, now metav1.Time) {
 	h.Status.ClaimRef = nil
 	h.Status.BootstrapTokenID = ""
+	h.Status.JoinClaimUID = ""
 	h.Status.ProviderID = ""
 	h.SetState(state, msg, now)
 	if state == v1beta1.HostUnhealthy && msg != "" {
