@@ -116,7 +116,13 @@ func (w *world) run(t *testing.T, args ...string) (stdout, stderr string, code i
 
 func (w *world) template(t *testing.T, extra ...string) []*unstructured.Unstructured {
 	t.Helper()
-	args := append([]string{"template", "kpssh", w.chart, "--namespace", "kpssh", "--kube-version", kubeVersion}, extra...)
+	return w.templateOf(t, w.chart, extra...)
+}
+
+// templateOf renders chart (kpssh, or a parent of it) as release kpssh in namespace kpssh.
+func (w *world) templateOf(t *testing.T, chart string, extra ...string) []*unstructured.Unstructured {
+	t.Helper()
+	args := append([]string{"template", "kpssh", chart, "--namespace", "kpssh", "--kube-version", kubeVersion}, extra...)
 	out, stderr, code := w.run(t, args...)
 	if code != 0 {
 		t.Fatalf("helm template %q: exit %d\n%s", extra, code, stderr)
@@ -294,7 +300,7 @@ func TestDeployment(t *testing.T) {
 	// Every variable is one the controller reads: it names a flag of the
 	// controller's flag set (flag foo-bar ↔ FOO_BAR), and parsing with the
 	// environment set succeeds.
-	parse := func(t *testing.T, vars []corev1.EnvVar) (*options.Options, error) {
+	parse := func(t *testing.T, vars []corev1.EnvVar) (*options.Options, *coreoptions.Options, error) {
 		for _, e := range vars {
 			v := e.Value
 			if e.ValueFrom != nil {
@@ -311,27 +317,47 @@ func TestDeployment(t *testing.T) {
 		for _, e := range vars {
 			name := strings.ToLower(strings.ReplaceAll(e.Name, "_", "-"))
 			if fs.Lookup(name) == nil {
-				return nil, fmt.Errorf("env %s: the controller has no flag %s, so it never reads it", e.Name, name)
+				return nil, nil, fmt.Errorf("env %s: the controller has no flag %s, so it never reads it", e.Name, name)
 			}
 		}
 		if err := core.Parse(fs); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if err := ours.Parse(fs); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if ours.PoolNamespace != env["POOL_NAMESPACE"] || core.LeaderElectionName != "kpssh-leader-election" || core.MemoryLimit != 1073741824 {
-			return nil, fmt.Errorf("parsed %+v / leader %q memory %d", ours, core.LeaderElectionName, core.MemoryLimit)
+			return nil, nil, fmt.Errorf("parsed %+v / leader %q memory %d", ours, core.LeaderElectionName, core.MemoryLimit)
 		}
-		return ours, nil
+		return ours, core, nil
 	}
 	t.Run("defaults", func(t *testing.T) {
-		o, err := parse(t, c.Env)
+		o, core, err := parse(t, c.Env)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if o.Executor != options.ExecutorLocal || o.JobImage != "" {
 			t.Errorf("defaults: executor %q job image %q", o.Executor, o.JobImage)
+		}
+		if core.FeatureGates != coreoptions.DefaultFeatureGates() || core.BatchMaxDuration != 10*time.Second || core.BatchIdleDuration != time.Second {
+			t.Errorf("defaults: Karpenter core settings %+v", core)
+		}
+	})
+	// settings: Karpenter core's options as the controller parses them.
+	t.Run("settings", func(t *testing.T) {
+		objs := w.template(t, "--set", "settings.batchMaxDuration=1m,settings.batchIdleDuration=5s,settings.preferencePolicy=Ignore,settings.minValuesPolicy=BestEffort,"+
+			"settings.featureGates.NodeRepair=true,settings.featureGates.NodeOverlay=false,settings.featureGates.CapacityBuffer=true",
+			"--set-json", `extraEnv=[{"name":"KUBE_CLIENT_QPS","value":"50"}]`)
+		dj := convert[appsv1.Deployment](t, find(objs, "Deployment", "kpssh", "kpssh"))
+		_, core, err := parse(t, dj.Spec.Template.Spec.Containers[0].Env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := coreoptions.DefaultFeatureGates()
+		want.NodeRepair, want.NodeOverlay, want.CapacityBuffer = true, false, true
+		if core.FeatureGates != want || core.BatchMaxDuration != time.Minute || core.BatchIdleDuration != 5*time.Second ||
+			core.PreferencePolicy != coreoptions.PreferencePolicyIgnore || core.MinValuesPolicy != coreoptions.MinValuesPolicyBestEffort || core.KubeClientQPS != 50 {
+			t.Errorf("settings parsed as %+v", core)
 		}
 	})
 	// Executor job: the controller accepts the chart's Job settings; the
@@ -350,7 +376,7 @@ func TestDeployment(t *testing.T) {
 		} {
 			objs := w.template(t, "--set", strings.Join(tc.set, ","))
 			dj := convert[appsv1.Deployment](t, find(objs, "Deployment", "kpssh", "kpssh"))
-			o, err := parse(t, dj.Spec.Template.Spec.Containers[0].Env)
+			o, _, err := parse(t, dj.Spec.Template.Spec.Containers[0].Env)
 			if err != nil {
 				t.Fatalf("%v: %v", tc.set, err)
 			}
@@ -405,6 +431,20 @@ func TestBadValuesRefused(t *testing.T) {
 		{"networkPolicy.enabled=true," + egressOn + ",networkPolicy.egress.apiServerPorts=null", "networkPolicy.egress.apiServerPorts is empty"},
 		{"networkPolicy.egress.typo=1", "additional properties 'typo' not allowed"},
 		{"tokenSecretPolicy.typo=1", "additional properties 'typo' not allowed"},
+		{"global=1", "/global"},
+		{"nameOverride=Bad_Name", "/nameOverride"},
+		{"additionalLabels.a=1", "/additionalLabels/a"},
+		{"settings.featureGates.Typo=true", "additional properties 'Typo' not allowed"},
+		{"settings.featureGates.NodeRepair=yes", "/settings/featureGates/NodeRepair"},
+		{"settings.batchMaxDuration=soon", "/settings/batchMaxDuration"},
+		{"settings.preferencePolicy=Maybe", "/settings/preferencePolicy"},
+		{"strategy.type=BlueGreen", "/strategy/type"},
+		{"dnsPolicy=ClusterLast", "/dnsPolicy"},
+		{"topologySpreadConstraints[0].maxSkew=1", "missing properties 'topologyKey'"},
+		{"extraVolumeMounts[0].name=roles,extraVolumeMounts[0].mountPath=roles", "/extraVolumeMounts/0/mountPath"},
+		{"extraVolumes[0].name=tmp,extraVolumes[0].emptyDir.medium=Memory", `extraVolumes: "tmp" is the name of one of the chart's own volumes`},
+		{"extraEnv[0].name=LOG_LEVEL,extraEnv[0].value=debug", "extraEnv: LOG_LEVEL is set by the chart"},
+		{"extraEnv[0].name=FEATURE_GATES,extraEnv[0].value=x,settings.featureGates.NodeRepair=true", "extraEnv: FEATURE_GATES is set by the chart"},
 	}
 	for _, tc := range cases {
 		_, stderr, code := w.run(t, "template", "kpssh", w.chart, "--kube-version", kubeVersion, "--set", tc.set)
