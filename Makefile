@@ -44,7 +44,7 @@ helm:
 ## chart: lint the chart with every optional object on
 chart:
 	$$(hack/helm.sh) lint --strict charts/kpssh --kube-version 1.36.3 \
-	  --set serviceMonitor.enabled=true,networkPolicy.enabled=true,podDisruptionBudget.enabled=true,dashboard.enabled=true \
+	  --set serviceMonitor.enabled=true,prometheusRule.enabled=true,networkPolicy.enabled=true,podDisruptionBudget.enabled=true,dashboard.enabled=true \
 	  --set executor=job,tokenSecretPolicy.enabled=true,hostNetwork=true,dnsPolicy=ClusterFirstWithHostNet \
 	  --set nameOverride=kpssh,fullnameOverride=kpssh,additionalLabels.team=platform,additionalAnnotations.owner=platform,global.registry=reg.example \
 	  --set settings.batchMaxDuration=20s,settings.featureGates.NodeRepair=true,strategy.type=RollingUpdate \

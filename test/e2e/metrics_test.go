@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/controllers/host"
 	"github.com/dklesev/kpssh/internal/engine"
 )
@@ -34,6 +35,7 @@ import (
 // The package's system service, where a systemd starts it, is not used.
 type promServer struct {
 	url  string // http://127.0.0.1:port
+	dir  string // config dir: rules/*.yaml are its rule files
 	log  string
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -48,15 +50,18 @@ func startPrometheus(t testing.TB, logDir, target string) *promServer {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "prometheus.yml")
 	// 1 s scrapes: the seed's rate()/increase() queries need two samples.
+	// The namespace label is the one a ServiceMonitor's scrape sets: the
+	// chart's alerts select the release's namespace by it.
 	conf := fmt.Sprintf(`global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}
+rule_files: [rules/*.yaml]
 scrape_configs:
 - job_name: kpssh
-  static_configs: [{targets: [%q]}]
-`, target)
+  static_configs: [{targets: [%q], labels: {namespace: %q}}]
+`, target, promNamespace)
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := &promServer{url: "http://127.0.0.1:" + freePort(), log: filepath.Join(logDir, "prometheus.log")}
+	p := &promServer{url: "http://127.0.0.1:" + freePort(), dir: dir, log: filepath.Join(logDir, "prometheus.log")}
 	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -288,7 +293,7 @@ func metrics(w *world, st *state) {
 				}
 			}
 			for name := range l {
-				if _, ok := m.labels[name]; !ok && !slices.Contains([]string{"__name__", "job", "instance", "le"}, name) {
+				if _, ok := m.labels[name]; !ok && !slices.Contains([]string{"__name__", "job", "instance", "namespace", "le"}, name) {
 					w.t.Errorf("%s: unexpected label %s in %v (SPEC §8 names %v)", m.name, name, l, slices.Sorted(maps.Keys(m.labels)))
 				}
 			}
@@ -321,11 +326,111 @@ func metrics(w *world, st *state) {
 		}
 	}
 	w.t.Logf("dashboard: %d expressions over %d metrics, all exported", len(exprs), len(seen))
+	alerts(w)
 }
 
-// dashboardExprs renders the chart's dashboard ConfigMap (helm template, as
-// installed) and returns every panel target's expr.
-func dashboardExprs(w *world) []string {
+// promNamespace is the release namespace the e2e's scrape labels its series
+// with and the chart's rules are rendered for.
+const promNamespace = "kpssh"
+
+// alerts loads the chart's PrometheusRule into the real Prometheus and
+// makes one of its conditions: every host of class small parked, so none is
+// Available. KpsshPoolExhausted is quiet before, fires, and resolves once
+// the hosts are handed back. The `for` durations are shortened by the
+// chart's own values; the expressions are as shipped.
+func alerts(w *world) {
+	p := w.prom
+	out := helmTemplate(w, "templates/prometheusrule.yaml", "prometheusRule.enabled=true,prometheusRule.poolExhaustedFor=3s,prometheusRule.unhealthyFor=3s")
+	var pr struct {
+		Spec map[string]any `json:"spec"`
+	}
+	if err := yaml.Unmarshal(out, &pr); err != nil || pr.Spec == nil {
+		w.t.Fatalf("PrometheusRule: %v\n%s", err, out)
+	}
+	rules, err := yaml.Marshal(pr.Spec)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(p.dir, "rules"), 0o700); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(p.dir, "rules", "kpssh.yaml"), rules, 0o600); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil { // reload: rules included
+		w.t.Fatal(err)
+	}
+	// Every rule loaded and evaluated without error.
+	w.eventually("the chart's 5 alerting rules loaded and evaluated (health ok)", time.Minute, func() (bool, string) {
+		body, err := p.get("/api/v1/rules", url.Values{"type": {"alert"}})
+		if err != nil {
+			return false, err.Error()
+		}
+		var r struct {
+			Data struct {
+				Groups []struct {
+					Name  string `json:"name"`
+					Rules []struct {
+						Name      string `json:"name"`
+						Health    string `json:"health"`
+						LastError string `json:"lastError"`
+					} `json:"rules"`
+				} `json:"groups"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(body, &r); err != nil {
+			return false, err.Error()
+		}
+		ok := 0
+		for _, g := range r.Data.Groups {
+			for _, rule := range g.Rules {
+				if rule.Health == "ok" {
+					ok++
+				} else if rule.LastError != "" {
+					w.t.Fatalf("rule %s: %s", rule.Name, rule.LastError)
+				}
+			}
+		}
+		return ok == 5, string(body)
+	})
+	firing := func() (bool, string) {
+		r, err := p.query(`ALERTS{alertname="KpsshPoolExhausted",alertstate="firing",class="small",severity="warning"}`)
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(r) == 1, fmt.Sprintf("%v", r)
+	}
+	if on, got := firing(); on {
+		w.t.Fatalf("KpsshPoolExhausted firing with hosts Available: %s", got)
+	}
+	var small []string
+	for _, h := range w.sshHosts() {
+		if h.Labels[v1beta1.LabelHostClass] == "small" {
+			small = append(small, h.Name)
+		}
+	}
+	if len(small) == 0 {
+		w.t.Fatal("no host of class small")
+	}
+	park := func(v string) {
+		for _, n := range small {
+			w.mustKubectl("-n", poolNS, "annotate", "--overwrite", "sshhost", n, "karpenter.dklesev.github.io/maintenance"+v)
+		}
+	}
+	park("=true")
+	w.eventually("KpsshPoolExhausted firing for class small (all parked)", 2*time.Minute, firing)
+	park("-")
+	w.allLeft("alerts: hosts handed back")
+	w.eventually("KpsshPoolExhausted resolved", 2*time.Minute, func() (bool, string) {
+		on, got := firing()
+		return !on, got
+	})
+	w.t.Logf("KpsshPoolExhausted: quiet, fired with %d hosts parked, resolved", len(small))
+}
+
+// helmTemplate renders one template of the chart (helm template, as
+// installed, release kpssh in namespace kpssh) with extra --set values.
+func helmTemplate(w *world, template, set string) []byte {
 	w.t.Helper()
 	helm := os.Getenv("HELM")
 	if helm == "" {
@@ -338,16 +443,24 @@ func dashboardExprs(w *world) []string {
 	home := w.t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c := exec.CommandContext(ctx, helm, "template", "kpssh", filepath.Join(w.repo, "charts/kpssh"),
-		"--set", "dashboard.enabled=true", "--show-only", "templates/dashboard.yaml")
+	c := exec.CommandContext(ctx, helm, "template", "kpssh", filepath.Join(w.repo, "charts/kpssh"), "--namespace", promNamespace,
+		"--set", set, "--show-only", template)
 	c.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "HELM_CACHE_HOME=" + home, "HELM_CONFIG_HOME=" + home, "HELM_DATA_HOME=" + home}
 	var o, e bytes.Buffer
 	c.Stdout, c.Stderr = &o, &e
 	if err := c.Run(); err != nil {
-		w.t.Fatalf("helm template dashboard: %v: %s", err, e.String())
+		w.t.Fatalf("helm template %s: %v: %s", template, err, e.String())
 	}
+	return o.Bytes()
+}
+
+// dashboardExprs renders the chart's dashboard ConfigMap and returns every
+// panel target's expr.
+func dashboardExprs(w *world) []string {
+	w.t.Helper()
+	out := helmTemplate(w, "templates/dashboard.yaml", "dashboard.enabled=true")
 	cm := &corev1.ConfigMap{}
-	if err := yaml.Unmarshal(o.Bytes(), cm); err != nil {
+	if err := yaml.Unmarshal(out, cm); err != nil {
 		w.t.Fatalf("dashboard ConfigMap: %v", err)
 	}
 	var exprs []string
