@@ -305,10 +305,24 @@ func metrics(w *world, st *state) {
 	if len(exprs) == 0 {
 		w.t.Fatal("dashboard: no panel expressions found")
 	}
+	// Grafana substitutes the variables; here as a user picking this install
+	// (namespace, job) and all classes would. The pool's panels show it, and
+	// another install's namespace selects none of its series.
+	picked := strings.NewReplacer("$namespace", promNamespace, "$job", "kpssh", "$class", ".*")
+	other := strings.NewReplacer("$namespace", "other", "$job", "kpssh", "$class", ".*")
 	seen := map[string]bool{}
 	for _, e := range exprs {
-		if _, err := p.query(e); err != nil { // Prometheus parses it
+		r, err := p.query(picked.Replace(e))
+		if err != nil { // Prometheus parses it
 			w.t.Errorf("dashboard expression does not evaluate: %v", err)
+		}
+		if strings.Contains(e, "kpssh_pool_hosts{") {
+			if len(r) == 0 {
+				w.t.Errorf("dashboard expression %q: no series for namespace %s, job kpssh", e, promNamespace)
+			}
+			if r, err := p.query(other.Replace(e)); err != nil || len(r) != 0 {
+				w.t.Errorf("dashboard expression %q for namespace other: %v %v, want no series", e, r, err)
+			}
 		}
 		names := promqlMetricNames(e)
 		if len(names) == 0 {
