@@ -85,4 +85,3 @@ func newContentRoles(content []string, runBase string) (*contentRoles, error) {
 	c.Local = e
 	return c, nil
 }
-

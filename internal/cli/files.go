@@ -23,6 +23,11 @@ const maxManifestBytes = 4 << 20
 // several objects (examples/nodeclass.yaml) can be given as it is. The
 // CRD's CEL rules and defaults are not applied offline.
 func readObjects[T any](path, kind string) ([]*T, error) {
+	return readObjectsOf[T](path, v1beta1.SchemeGroupVersion.String(), kind)
+}
+
+// readObjectsOf is readObjects for any apiVersion.
+func readObjectsOf[T any](path, apiVersion, kind string) ([]*T, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, usageErr("%v", err)
@@ -55,8 +60,8 @@ func readObjects[T any](path, kind string) ([]*T, error) {
 		if tm.Kind != kind {
 			continue
 		}
-		if tm.APIVersion != v1beta1.SchemeGroupVersion.String() {
-			return nil, usageErr("%s: document %d: %s has apiVersion %q, want %s", path, i, kind, tm.APIVersion, v1beta1.SchemeGroupVersion.String())
+		if tm.APIVersion != apiVersion {
+			return nil, usageErr("%s: document %d: %s has apiVersion %q, want %s", path, i, kind, tm.APIVersion, apiVersion)
 		}
 		js, err := yaml.YAMLToJSONStrict(raw)
 		if err != nil {
@@ -71,7 +76,7 @@ func readObjects[T any](path, kind string) ([]*T, error) {
 		out = append(out, obj)
 	}
 	if len(out) == 0 {
-		return nil, usageErr("%s holds no %s (apiVersion %s)", path, kind, v1beta1.SchemeGroupVersion.String())
+		return nil, usageErr("%s holds no %s (apiVersion %s)", path, kind, apiVersion)
 	}
 	return out, nil
 }
@@ -79,6 +84,16 @@ func readObjects[T any](path, kind string) ([]*T, error) {
 // readObject is readObjects for a file that must hold exactly one.
 func readObject[T any](path, kind string) (*T, error) {
 	objs, err := readObjects[T](path, kind)
+	return onlyOne(objs, err, path, kind)
+}
+
+// readCoreObject is readObject for a core (apiVersion v1) kind.
+func readCoreObject[T any](path, kind string) (*T, error) {
+	objs, err := readObjectsOf[T](path, "v1", kind)
+	return onlyOne(objs, err, path, kind)
+}
+
+func onlyOne[T any](objs []*T, err error, path, kind string) (*T, error) {
 	if err != nil {
 		return nil, err
 	}
