@@ -49,10 +49,10 @@ var lintRoleRE = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 // would flag.
 func CheckNewRoleName(name string) error {
 	switch {
-	case strings.Contains(name, "."):
-		return fmt.Errorf("role name %q: a dotted name is a collection's FQCN (ns.collection.role); new-role writes a role directory: give the role's own name", name)
 	case !engine.ValidRoleName(name):
 		return fmt.Errorf("role name %q is not a role name ([A-Za-z0-9_]+)", name)
+	case strings.Contains(name, "."):
+		return fmt.Errorf("role name %q: a dotted name is a collection's FQCN (ns.collection.role); new-role writes a role directory: give the role's own name", name)
 	case !lintRoleRE.MatchString(name):
 		return fmt.Errorf("role name %q: use lower case letters, digits and _, starting with a letter (ansible-lint's role-name rule: ^[a-z][a-z0-9_]*$)", name)
 	}
