@@ -30,6 +30,8 @@ var commands = map[string]command{
 	"maintenance":      {"on|off HOST: park a host for maintenance (--evict its NodeClaim) or hand it back", cli.MaintenanceCmd},
 	"import-inventory": {"turn an Ansible inventory into SSHHost manifests and a key Secret", cli.ImportInventory},
 	"sign":             {"sign a profile's scripts (or v2 manifests) for Verified hosts; prints the signatures: block", cli.Sign},
+	"new-role":         {"NAME: write a role skeleton (phases, argument specs, defaults, README, molecule scenario)", cli.NewRoleCmd},
+	"validate":         {"PROFILE.yaml: the node class controller's checks on a profile (and --class) file, offline", cli.Validate},
 }
 
 func usage(w io.Writer) {

@@ -41,6 +41,11 @@ func TestDispatch(t *testing.T) {
 		{[]string{"frobnicate"}, cli.ExitUsage, "", `unknown command "frobnicate"`},
 		{[]string{"help"}, cli.ExitOK, "render ", ""},
 		{[]string{"--help"}, cli.ExitOK, "render ", ""},
+		{[]string{"help"}, cli.ExitOK, "  new-role          NAME: write a role skeleton", ""},
+		{[]string{"help"}, cli.ExitOK, "  validate          PROFILE.yaml: the node class controller's checks", ""},
+		{[]string{"new-role", "a.b.c"}, cli.ExitUsage, "", "kpssh new-role: role name \"a.b.c\": a dotted name is a collection's FQCN"},
+		{[]string{"validate"}, cli.ExitUsage, "", "kpssh validate: want PROFILE.yaml, got 0 argument(s)"},
+		{[]string{"render", "--profile", "p.yaml", "join"}, cli.ExitUsage, "", "kpssh render: offline render needs both --profile and --host"},
 		// Reaches render's own argument checks (no API server needed).
 		{[]string{"render", "h1", "reboot"}, cli.ExitUsage, "", `kpssh render: unknown phase "reboot"`},
 	}

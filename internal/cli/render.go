@@ -489,6 +489,7 @@ type renderCmd struct {
 
 // RenderUsage is the synopsis of `kpssh render`.
 const RenderUsage = `usage: kpssh render [--kubeconfig PATH] [--namespace POOL_NS] [--nodeclass NAME] [--timeout 30s] HOST PHASE
+       kpssh render --profile PROFILE.yaml --host HOST.yaml [--class CLASS.yaml] [--secret SECRET.yaml] PHASE
 
 Print the playbook and the script (with its KPSSH_* preamble), or the
 variables file and task list, that PHASE (install, join, leave, uninstall)
@@ -497,6 +498,12 @@ The node class is --nodeclass, else the class of the NodeClaim holding the
 host, else the only SSHNodeClass whose hostSelector selects it. Leave uses
 the install marker's profile and the empty context. join shows a
 placeholder bootstrap token (render never mints one).
+
+With --profile and --host it reads no cluster: the same rendering from
+manifest files (--class: the SSHNodeClass referencing the profile, else no
+vars; --secret: its joinSecretRef Secret, values masked; cluster endpoint
+and CA from the class's spec.cluster, else placeholders; leave renders
+--profile's leave).
 
 Exit status: 0 rendered, 1 API error (unreachable, forbidden), 2 usage or
 configuration error (unknown host, bad phase, invalid profile, ...).
@@ -528,12 +535,19 @@ func (c renderCmd) run(ctx context.Context, args []string, stdout, stderr io.Wri
 	ns := fs.String("namespace", defNS, "pool `namespace` holding the SSHHosts and the join Secret; $POOL_NAMESPACE sets the default")
 	ncName := fs.String("nodeclass", "", "SSHNodeClass `name` (default: the claiming NodeClaim's, else the only one selecting the host)")
 	timeout := fs.Duration("timeout", DefaultAPITimeout, "bound on the API reads")
+	profileFile := fs.String("profile", "", "offline: SSHJoinProfile manifest `file` (with --host; no cluster is read)")
+	hostFile := fs.String("host", "", "offline: SSHHost manifest `file`")
+	classFile := fs.String("class", "", "offline: SSHNodeClass manifest `file`")
+	secretFile := fs.String("secret", "", "offline: the join Secret's manifest `file` (values masked)")
 	pos, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return ExitOK
 	}
 	if err != nil {
 		return ExitUsage // the flag package printed the error and the usage
+	}
+	if *profileFile != "" || *hostFile != "" || *classFile != "" || *secretFile != "" {
+		return renderOffline(ctx, *profileFile, *hostFile, *classFile, *secretFile, pos, stdout, stderr)
 	}
 	if len(pos) != 2 {
 		fmt.Fprintf(stderr, "kpssh render: want HOST PHASE, got %d argument(s)\n", len(pos))

@@ -25,6 +25,7 @@ import (
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/controllers/nodeclass"
 	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/profile"
 	"github.com/dklesev/kpssh/test/testenv"
 )
 
@@ -65,7 +66,10 @@ func realEngine(t *testing.T) *engine.Local {
 
 // startController runs the node class controller in a manager against the
 // real apiserver until the test ends.
-func startController(t *testing.T) {
+func startController(t *testing.T) { t.Helper(); startControllerWith(t, realEngine(t)) }
+
+// startControllerWith is startController with the given role resolution.
+func startControllerWith(t *testing.T, roles profile.RoleValidator) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr, err := manager.New(env.Config, manager.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
@@ -74,7 +78,7 @@ func startController(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := nodeclass.New(mgr.GetClient(), realEngine(t), pool, clock.RealClock{})
+	c := nodeclass.New(mgr.GetClient(), roles, pool, clock.RealClock{})
 	if err := c.Register(ctx, mgr); err != nil {
 		t.Fatal(err)
 	}

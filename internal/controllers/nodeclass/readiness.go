@@ -3,8 +3,6 @@ package nodeclass
 import (
 	"context"
 	"fmt"
-	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/awslabs/operatorpkg/status"
@@ -17,7 +15,6 @@ import (
 	"sigs.k8s.io/karpenter/pkg/events"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
-	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/profile"
 )
 
@@ -33,12 +30,9 @@ const (
 	ReasonTimeoutsExceedRegistration = v1beta1.ReasonTimeoutsExceedRegistration
 )
 
-// RegistrationWindow is how long Karpenter core waits for a NodeClaim's Node
-// to register before deleting the NodeClaim: registrationTimeout in
-// sigs.k8s.io/karpenter pkg/controllers/nodeclaim/lifecycle/liveness.go
-// (unexported; a test reads it from the module source). Create runs install
-// and join inside that window.
-const RegistrationWindow = 15 * time.Minute
+// RegistrationWindow is Karpenter's registration window (profile's; a test
+// here reads it from the module source).
+const RegistrationWindow = profile.RegistrationWindow
 
 // maxMessage bounds a condition message (the CRD allows 32768; a template
 // error quoting a 256 KiB script must not come close).
@@ -70,8 +64,10 @@ func notReady(reason, format string, args ...any) verdict {
 }
 
 // check evaluates the class in the order a user fixes things: the profile
-// exists, the profile is valid, the selector parses, some host matches.
-// Errors are transient API errors only; every user mistake is a verdict.
+// exists, then profile.CheckClass (the profile is valid, the role's argument
+// specs are satisfied, the timeouts fit, the selector parses — the checks
+// `kpssh validate` runs too), then some host matches. Errors are transient
+// API errors only; every user mistake is a verdict.
 func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdict, error) {
 	p := &v1beta1.SSHJoinProfile{}
 	ref := nc.Spec.JoinProfileRef.Name
@@ -81,19 +77,16 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 		}
 		return verdict{}, err
 	}
-	if err := profile.Validate(p, c.Roles); err != nil {
-		return notReady(ReasonProfileInvalid, "%v", err), nil
-	}
-	if v, ok := timeoutsVerdict(p); !ok {
-		return v, nil
+	res := profile.CheckClass(p, nc, c.Roles)
+	if !res.OK() {
+		return notReady(res.Reason, "%s", res.Message), nil
 	}
 	sel := labels.Everything()
 	if nc.Spec.HostSelector != nil {
-		s, err := metav1.LabelSelectorAsSelector(nc.Spec.HostSelector)
-		if err != nil {
-			return notReady(ReasonSelectorError, "hostSelector: %v", err), nil
+		// CheckClass has parsed it already.
+		if s, err := metav1.LabelSelectorAsSelector(nc.Spec.HostSelector); err == nil {
+			sel = s
 		}
-		sel = s
 	}
 	hosts := &v1beta1.SSHHostList{}
 	if err := c.Client.List(ctx, hosts, client.InNamespace(c.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
@@ -103,35 +96,10 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 		return notReady(ReasonNoHosts, "no SSHHost in namespace %s matches the hostSelector", c.Namespace), nil
 	}
 	v := verdict{ready: true}
-	if w := profile.VerifiedWarnings(p); len(w) > 0 {
-		v.warning = notReady("", "warning: profile %s: %s", p.Name, strings.Join(w, "; ")).message
+	if len(res.Warnings) > 0 {
+		v.warning = notReady("", "%s", profile.WarningMessage(p, res.Warnings)).message
 	}
 	return v, nil
-}
-
-// timeoutsVerdict refuses a profile whose install + join timeouts exceed
-// the registration window: Karpenter would delete the NodeClaim while a slow
-// phase still runs on the host. Equal fits (the defaults, 10m + 5m, do).
-func timeoutsVerdict(p *v1beta1.SSHJoinProfile) (verdict, bool) {
-	install, join := profile.Timeout(p, engine.PhaseInstall), profile.Timeout(p, engine.PhaseJoin)
-	if install+join <= RegistrationWindow {
-		return verdict{}, true
-	}
-	return notReady(ReasonTimeoutsExceedRegistration,
-		"profile %s: timeouts install %s + join %s = %s exceeds Karpenter's registration window of %s; lower spec.timeouts.install or spec.timeouts.join",
-		p.Name, short(install), short(join), short(install+join), short(RegistrationWindow)), false
-}
-
-// short prints a duration without zero tails: 15m, not 15m0s.
-func short(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }
 
 // updateReadiness sets the Ready condition from check and writes the status

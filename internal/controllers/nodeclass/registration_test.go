@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dklesev/kpssh/internal/profile"
 )
 
 // TestRegistrationWindowIsKarpenters reads Karpenter core's (unexported)
@@ -35,8 +37,8 @@ func TestRegistrationWindowIsKarpenters(t *testing.T) {
 func TestShort(t *testing.T) {
 	for d, want := range map[time.Duration]string{15 * time.Minute: "15m", time.Hour: "1h", 90 * time.Second: "1m30s",
 		30 * time.Second: "30s", time.Hour + 30*time.Second: "1h0m30s", 2*time.Hour + 5*time.Minute: "2h5m"} {
-		if got := short(d); got != want {
-			t.Errorf("short(%v) = %q, want %q", d, got, want)
+		if got := profile.ShortDuration(d); got != want {
+			t.Errorf("ShortDuration(%v) = %q, want %q", d, got, want)
 		}
 	}
 }
