@@ -62,6 +62,8 @@ func sourceKind(s Source) kind {
 type renderConfig struct {
 	dir             string   // the run directory (absolute)
 	collectionsPath string   // holds ansible_collections/dklesev/kpssh
+	// extraCollections follow collectionsPath in collections_path
+	extraCollections []string
 	rolesPath       []string // roles_path entries
 	python          string
 	connectTimeout  time.Duration
@@ -193,7 +195,7 @@ func build(req Request, rc renderConfig) (*bundle, error) {
 	if err := checkContext(ctx); err != nil {
 		return nil, err
 	}
-	for _, p := range append([]string{rc.dir, rc.collectionsPath, rc.python}, rc.rolesPath...) {
+	for _, p := range append(append([]string{rc.dir, rc.collectionsPath, rc.python}, rc.rolesPath...), rc.extraCollections...) {
 		if p != "" && !pathRE.MatchString(p) {
 			return nil, fmt.Errorf("path %q holds characters the engine does not put into ansible.cfg", p)
 		}
@@ -268,7 +270,7 @@ gathering = explicit
 deprecation_warnings = False
 system_warnings = False
 localhost_warning = False
-`, rc.dir, rc.python, rc.collectionsPath, ct, tuningLines(rc))
+`, rc.dir, rc.python, strings.Join(append([]string{rc.collectionsPath}, rc.extraCollections...), ":"), ct, tuningLines(rc))
 	if len(rc.rolesPath) > 0 {
 		fmt.Fprintf(&b, "roles_path = %s\n", strings.Join(rc.rolesPath, ":"))
 	}
