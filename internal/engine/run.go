@@ -239,7 +239,7 @@ func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 func (l *Local) renderConfig(dir string, timeout time.Duration) renderConfig {
 	return renderConfig{
-		dir: dir, tag: filepath.Base(dir), collectionsPath: l.opts.CollectionsPath, extraCollections: l.opts.ExtraCollectionsPaths, rolesPath: l.opts.RolesPath,
+		dir: dir, tag: filepath.Base(dir), collectionsPath: l.opts.CollectionsPath, extraColls: l.opts.ExtraCollectionsPaths, rolesPath: l.opts.RolesPath,
 		python: l.opts.PythonInterpreter, connectTimeout: l.opts.ConnectTimeout,
 		timeout: timeout, remoteTimeout: !l.opts.NoRemoteTimeout,
 		legacyConfig: l.opts.legacyConfig, separateConnect: l.opts.separateConnect,
