@@ -48,6 +48,9 @@ const maxMessage = 1024
 type verdict struct {
 	ready           bool
 	reason, message string
+	// content: the profile's role resolves from the content sources (files,
+	// re-checked periodically).
+	content bool
 	// warning (Ready classes only) goes into the Ready condition's message
 	// and a VerifiedScriptWarning event: a signed script without `set -euo
 	// pipefail` is usable, but a failing command would not fail its phase.
@@ -81,8 +84,11 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 		}
 		return verdict{}, err
 	}
+	content := p.Spec.Ansible != nil && strings.TrimSpace(p.Spec.Ansible.Role) != "" && c.Roles != nil
 	if err := profile.Validate(p, c.Roles); err != nil {
-		return notReady(ReasonProfileInvalid, "%v", err), nil
+		v := notReady(ReasonProfileInvalid, "%v", err)
+		v.content = content
+		return v, nil
 	}
 	if v, ok := timeoutsVerdict(p); !ok {
 		return v, nil
@@ -102,7 +108,7 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 	if len(hosts.Items) == 0 {
 		return notReady(ReasonNoHosts, "no SSHHost in namespace %s matches the hostSelector", c.Namespace), nil
 	}
-	v := verdict{ready: true}
+	v := verdict{ready: true, content: content}
 	if w := profile.VerifiedWarnings(p); len(w) > 0 {
 		v.warning = notReady("", "warning: profile %s: %s", p.Name, strings.Join(w, "; ")).message
 	}
@@ -135,11 +141,12 @@ func short(d time.Duration) string {
 }
 
 // updateReadiness sets the Ready condition from check and writes the status
-// only when it changed; a change to not-ready is also an event.
-func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeClass) error {
+// only when it changed; a change to not-ready is also an event. content
+// reports that the verdict depends on role files (see ContentRecheck).
+func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeClass) (content bool, err error) {
 	v, err := c.check(ctx, nc)
 	if err != nil {
-		return err
+		return false, err
 	}
 	orig := nc.DeepCopy()
 	before := readyCondition(orig)
@@ -150,7 +157,7 @@ func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeCla
 		cs.SetFalse(v1beta1.ConditionReady, v.reason, v.message)
 	}
 	if err := patchStatus(ctx, c.Client, orig, nc); err != nil {
-		return err
+		return false, err
 	}
 	after := readyCondition(nc)
 	if !v.ready && (before == nil || before.Status != after.Status || before.Reason != after.Reason || before.Message != after.Message) {
@@ -160,7 +167,7 @@ func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeCla
 		c.publish(events.Event{InvolvedObject: nc, Type: corev1.EventTypeWarning, Reason: ReasonVerifiedScriptWarning,
 			Message: v.warning, DedupeValues: []string{string(nc.UID), v.warning}})
 	}
-	return nil
+	return v.content, nil
 }
 
 func readyCondition(nc *v1beta1.SSHNodeClass) *status.Condition {
