@@ -147,22 +147,7 @@ func contentRole(w *world, _ *state) {
 		"JOB_IMAGE_PULL_POLICY=Never", "JOB_HOST_NETWORK=true", "JOB_ALLOW_MANAGED_NODES=true",
 		"JOB_NODE_SELECTOR=kubernetes.io/hostname="+a.Name, "KPSSH_JOB_CONTENT="+string(js)))
 	w.scale(2)
-	var b *v1beta1.SSHHost
-	w.eventually("a second host joined with the content role through phase Jobs", 8*time.Minute, func() (bool, string) {
-		for _, h := range w.sshHosts() {
-			if h.Name == a.Name || h.Status.State != v1beta1.HostInUse {
-				continue
-			}
-			n := &corev1.Node{}
-			if err := w.kube.Get(context.Background(), client.ObjectKey{Name: h.Name}, n); err != nil || !nodeReady(n) {
-				return false, fmt.Sprintf("host %s InUse, node not Ready yet (%v)", h.Name, err)
-			}
-			b = &h
-			return true, ""
-		}
-		pods, _ := w.kubectl("-n", ns, "get", "pods", "-o", "custom-columns=POD:.metadata.name,PHASE:.status.phase", "--no-headers")
-		return false, "no second host InUse; phase pods: " + strings.Join(strings.Fields(pods), " ")
-	})
+	b := w.joinedBeside(a.Name, ns, "a second host joined with the content role through phase Jobs")
 	bi := w.hostIndex(b.Name)
 	if got, _, err := w.hosts.Run(bi, "cat /var/lib/kpssh-site-join.join"); err != nil || strings.TrimSpace(got) != "join by site_join for "+b.Name {
 		w.t.Errorf("the content role's join marker on %s: %q %v", b.Name, got, err)
