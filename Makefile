@@ -49,7 +49,9 @@ chart:
 	  --set nameOverride=kpssh,fullnameOverride=kpssh,additionalLabels.team=platform,additionalAnnotations.owner=platform,global.registry=reg.example \
 	  --set settings.batchMaxDuration=20s,settings.featureGates.NodeRepair=true,strategy.type=RollingUpdate \
 	  --set-json 'topologySpreadConstraints=[{"maxSkew":1,"topologyKey":"kubernetes.io/hostname","whenUnsatisfiable":"ScheduleAnyway"}]' \
-	  --set-json 'extraVolumes=[{"name":"roles","emptyDir":{}}]' --set-json 'extraVolumeMounts=[{"name":"roles","mountPath":"/roles"}]'
+	  --set-json 'extraVolumes=[{"name":"roles","emptyDir":{}}]' --set-json 'extraVolumeMounts=[{"name":"roles","mountPath":"/roles"}]' \
+	  --set-json 'content.roles=[{"name":"site_join","files":{"tasks/join.yml":"- ansible.builtin.meta: noop\n"}}]' \
+	  --set-json 'content.images=[{"name":"acme","reference":"reg.example/acme:1"},{"name":"old","reference":"reg.example/acme:0","copy":true}]'
 
 ## deps: apt packages the tests and the test world need (idempotent)
 deps:

@@ -63,6 +63,7 @@ type renderConfig struct {
 	dir             string   // the run directory (absolute)
 	collectionsPath string   // holds ansible_collections/dklesev/kpssh
 	rolesPath       []string // roles_path entries
+	extraColls      []string // operator collections, after collectionsPath
 	python          string
 	connectTimeout  time.Duration
 	timeout         time.Duration // the phase timeout (host-side bound for scripts)
@@ -193,7 +194,7 @@ func build(req Request, rc renderConfig) (*bundle, error) {
 	if err := checkContext(ctx); err != nil {
 		return nil, err
 	}
-	for _, p := range append([]string{rc.dir, rc.collectionsPath, rc.python}, rc.rolesPath...) {
+	for _, p := range append(append([]string{rc.dir, rc.collectionsPath, rc.python}, rc.rolesPath...), rc.extraColls...) {
 		if p != "" && !pathRE.MatchString(p) {
 			return nil, fmt.Errorf("path %q holds characters the engine does not put into ansible.cfg", p)
 		}
@@ -268,7 +269,7 @@ gathering = explicit
 deprecation_warnings = False
 system_warnings = False
 localhost_warning = False
-`, rc.dir, rc.python, rc.collectionsPath, ct, tuningLines(rc))
+`, rc.dir, rc.python, strings.Join(append([]string{rc.collectionsPath}, rc.extraColls...), ":"), ct, tuningLines(rc))
 	if len(rc.rolesPath) > 0 {
 		fmt.Fprintf(&b, "roles_path = %s\n", strings.Join(rc.rolesPath, ":"))
 	}

@@ -37,7 +37,12 @@ type Options struct {
 	// CollectionsPath is the directory holding
 	// ansible_collections/dklesev/kpssh (the repo's playbooks/collections).
 	CollectionsPath string
-	// RolesPath lists role directories (the repo's roles/).
+	// ExtraCollectionsPaths are operator content (KPSSH_COLLECTIONS_PATH),
+	// searched after CollectionsPath: directories holding
+	// ansible_collections/<namespace>/<name>.
+	ExtraCollectionsPaths []string
+	// RolesPath lists role directories, searched in order: the shipped
+	// roles (the repo's roles/), then operator content (KPSSH_ROLES_PATH).
 	RolesPath []string
 	// RunDirBase is where run directories are created; empty means /dev/shm
 	// when writable, else os.TempDir().
@@ -154,9 +159,18 @@ func New(o Options) (*Local, error) {
 			return nil, fmt.Errorf("engine: collection dklesev.kpssh not found under %s: %w", o.CollectionsPath, err)
 		}
 	}
-	for i, r := range o.RolesPath {
-		if o.RolesPath[i], err = filepath.Abs(r); err != nil {
-			return nil, err
+	// Operator content is only made absolute and checked for characters
+	// ansible.cfg cannot carry here: a missing or unreadable source is
+	// reported by ValidateRole for the profiles that use it, the others
+	// keep running.
+	for _, list := range [][]string{o.RolesPath, o.ExtraCollectionsPaths} {
+		for i, r := range list {
+			if list[i], err = filepath.Abs(r); err != nil {
+				return nil, err
+			}
+			if !pathRE.MatchString(list[i]) {
+				return nil, fmt.Errorf("engine: content path %q holds characters the engine does not put into ansible.cfg", list[i])
+			}
 		}
 	}
 	if o.Sandbox != SandboxAuto && o.Sandbox != SandboxRequired {
@@ -225,7 +239,7 @@ func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 func (l *Local) renderConfig(dir string, timeout time.Duration) renderConfig {
 	return renderConfig{
-		dir: dir, tag: filepath.Base(dir), collectionsPath: l.opts.CollectionsPath, rolesPath: l.opts.RolesPath,
+		dir: dir, tag: filepath.Base(dir), collectionsPath: l.opts.CollectionsPath, extraColls: l.opts.ExtraCollectionsPaths, rolesPath: l.opts.RolesPath,
 		python: l.opts.PythonInterpreter, connectTimeout: l.opts.ConnectTimeout,
 		timeout: timeout, remoteTimeout: !l.opts.NoRemoteTimeout,
 		legacyConfig: l.opts.legacyConfig, separateConnect: l.opts.separateConnect,
@@ -242,36 +256,40 @@ func (l *Local) Render(req Request, secretsMasked bool) (string, error) {
 	return renderText(req, secretsMasked, l.renderConfig(renderPlaceholderDir, t))
 }
 
-// ValidateRole checks that a role resolves in the roles path (or, for an
-// FQCN, in the collections path), has tasks/<phase>.yml, and — for leave —
-// that the file is a task list using none of the values leave does not get.
+// ValidateRole checks that a role resolves in the content sources the run
+// will search (the roles path for a short name, the collections path for an
+// FQCN: see content.go), that no later source holds a second copy of it
+// (never loaded: a condition rather than a surprise), that every YAML file
+// of the role parses, that it has tasks/<phase>.yml, and — for leave — that
+// the file is a task list using none of the values leave does not get.
+// Errors name the role, the searched paths or the offending file.
 func (l *Local) ValidateRole(role string, phase Phase) error {
 	if err := Validate(phase, Source{Role: role}); err != nil {
 		return err
 	}
-	var dirs []string
-	if parts := strings.Split(role, "."); len(parts) == 3 {
-		dirs = append(dirs, filepath.Join(l.opts.CollectionsPath, "ansible_collections", parts[0], parts[1], "roles", parts[2]))
-	} else {
-		for _, r := range l.opts.RolesPath {
-			dirs = append(dirs, filepath.Join(r, role))
-		}
+	d, shadowed, err := l.resolveRole(role)
+	if err != nil {
+		return err
 	}
-	for _, d := range dirs {
-		if !exists(d) {
-			continue
-		}
-		f := filepath.Join(d, "tasks", string(phase)+".yml")
-		data, err := os.ReadFile(f)
-		if err != nil {
-			return fmt.Errorf("role %s has no tasks/%s.yml", role, phase)
-		}
-		if phase == PhaseLeave {
-			return validateLeaveFile("role "+role+" tasks/leave.yml", data)
-		}
-		return ValidateTaskList(string(data))
+	if len(shadowed) > 0 {
+		return fmt.Errorf("role %s in %s has the name of the role in %s, which ansible loads instead: rename the later one (its collection or directory)",
+			role, strings.Join(shadowed, ", "), d)
 	}
-	return fmt.Errorf("role %s not found in the roles path", role)
+	if err := checkRoleFiles(role, d); err != nil {
+		return err
+	}
+	f := filepath.Join(d, "tasks", string(phase)+".yml")
+	data, err := os.ReadFile(f)
+	if err != nil {
+		return fmt.Errorf("role %s (%s) has no tasks/%s.yml", role, d, phase)
+	}
+	if phase == PhaseLeave {
+		return validateLeaveFile("role "+role+" tasks/leave.yml", data)
+	}
+	if err := ValidateTaskList(string(data)); err != nil {
+		return fmt.Errorf("role %s: %s: %w", role, f, err)
+	}
+	return nil
 }
 
 // Run executes one phase and returns its redacted result. It never panics

@@ -104,7 +104,7 @@ func (l *Local) sandboxEnv() []string {
 		return nil
 	}
 	read := []string{l.opts.CollectionsPath, filepath.Dir(l.opts.AnsiblePlaybook), filepath.Dir(l.interp[0])}
-	read = append(read, l.opts.RolesPath...)
+	read = append(append(read, l.opts.RolesPath...), l.opts.ExtraCollectionsPaths...)
 	if l.opts.MitogenStrategyPath != "" {
 		read = append(read, l.opts.MitogenStrategyPath)
 	}

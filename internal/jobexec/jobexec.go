@@ -112,6 +112,13 @@ type Options struct {
 	// pods with NodeSelector, or a leave may stop the kubelet under its own
 	// pod).
 	AllowManagedNodes bool
+	// Content is the operator content the phase pod mounts (ParseContent);
+	// RolesPath and CollectionsPaths are the controller's KPSSH_ROLES_PATH
+	// and KPSSH_COLLECTIONS_PATH, passed to phase-run so that its engine
+	// searches the same paths as the controller's validation did.
+	Content          Content
+	RolesPath        []string
+	CollectionsPaths []string
 }
 
 // Executor runs phases as Jobs.
@@ -565,14 +572,16 @@ func (e *Executor) jobFor(name string, req engine.Request, digest string) *batch
 							AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true), RunAsNonRoot: ptr.To(true),
 							Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 						},
-						VolumeMounts: []corev1.VolumeMount{
+						Env: e.contentEnv(),
+						VolumeMounts: append([]corev1.VolumeMount{
 							{Name: "input", MountPath: InputDir, ReadOnly: true},
 							{Name: "run", MountPath: "/dev/shm"},
 							{Name: "tmp", MountPath: "/tmp"},
 							{Name: "home", MountPath: "/home/kpssh"},
-						},
+						}, e.Opts.Content.VolumeMounts...),
 					}},
-					Volumes: []corev1.Volume{
+					InitContainers: e.Opts.Content.InitContainers,
+					Volumes: append([]corev1.Volume{
 						{Name: "input", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 							SecretName: name, DefaultMode: ptr.To[int32](0o400)}}},
 						// The engine's run directory (key, secrets): tmpfs.
@@ -580,11 +589,23 @@ func (e *Executor) jobFor(name string, req engine.Request, digest string) *batch
 							Medium: corev1.StorageMediumMemory, SizeLimit: ptr.To(resource.MustParse("64Mi"))}}},
 						{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("256Mi"))}}},
 						{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}},
-					},
+					}, e.Opts.Content.Volumes...),
 				},
 			},
 		},
 	}
+}
+
+// contentEnv tells phase-run where the operator content is (paths only).
+func (e *Executor) contentEnv() []corev1.EnvVar {
+	var env []corev1.EnvVar
+	if len(e.Opts.RolesPath) > 0 {
+		env = append(env, corev1.EnvVar{Name: EnvRolesPath, Value: strings.Join(e.Opts.RolesPath, ":")})
+	}
+	if len(e.Opts.CollectionsPaths) > 0 {
+		env = append(env, corev1.EnvVar{Name: EnvCollectionsPath, Value: strings.Join(e.Opts.CollectionsPaths, ":")})
+	}
+	return env
 }
 
 // affinity keeps phase pods off kpssh's own nodes unless allowed.

@@ -32,6 +32,13 @@ const (
 	DigestFlag = "input-sha256"
 )
 
+// The phase container's environment: operator content paths (colon lists),
+// the same settings the controller reads.
+const (
+	EnvRolesPath       = "KPSSH_ROLES_PATH"
+	EnvCollectionsPath = "KPSSH_COLLECTIONS_PATH"
+)
+
 // Exit codes of PhaseRun.
 const (
 	ExitSucceeded = 0 // the phase succeeded
@@ -144,6 +151,10 @@ func defaultEngine() (engine.Engine, error) {
 	if roles, err := engine.FindRolesPath(); err == nil {
 		o.RolesPath = []string{roles}
 	}
+	// the operator content the Job mounts, searched after the shipped
+	// content as in the controller (Options.RolesPath, CollectionsPaths)
+	o.RolesPath = append(o.RolesPath, engine.SplitPaths(os.Getenv(EnvRolesPath))...)
+	o.ExtraCollectionsPaths = engine.SplitPaths(os.Getenv(EnvCollectionsPath))
 	return engine.New(o)
 }
 

@@ -221,7 +221,7 @@ func (k *kubelet) run(pod *corev1.Pod) {
 	args = append(args, "--termination-log", term)
 	home := filepath.Join(dir, "home")
 	_ = os.Mkdir(home, 0o700)
-	out, err := bounded(k.t, 5*time.Minute, k.root, []string{"HOME=" + home}, k.controller, args...)
+	out, err := bounded(k.t, 5*time.Minute, k.root, append(k.content(pod, dir), "HOME="+home), k.controller, args...)
 	code := 0
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
@@ -241,6 +241,62 @@ func (k *kubelet) run(pod *corev1.Pod) {
 	}
 	k.setStatus(pod, phase, corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: int32(code), Reason: reason, Message: string(msg),
 		StartedAt: metav1.Now(), FinishedAt: metav1.Now()}})
+}
+
+// content projects the pod's ConfigMap volumes (their items: key → path)
+// under dir as the kubelet would at their mountPaths, and returns the
+// container's environment with those mountPaths mapped to dir.
+func (k *kubelet) content(pod *corev1.Pod, dir string) []string {
+	k.t.Helper()
+	vols := map[string]corev1.Volume{}
+	for _, v := range pod.Spec.Volumes {
+		vols[v.Name] = v
+	}
+	c := pod.Spec.Containers[0]
+	for _, m := range c.VolumeMounts {
+		v := vols[m.Name]
+		if v.ConfigMap == nil {
+			continue
+		}
+		if !m.ReadOnly {
+			k.t.Errorf("content volume %s mounted writable", m.Name)
+		}
+		var cm corev1.ConfigMap
+		if err := k.c.Get(context.Background(), client.ObjectKey{Namespace: pod.Namespace, Name: v.ConfigMap.Name}, &cm); err != nil {
+			k.t.Fatalf("ConfigMap %s of volume %s: %v", v.ConfigMap.Name, m.Name, err)
+		}
+		for _, it := range v.ConfigMap.Items {
+			f := filepath.Join(dir, m.MountPath, it.Path)
+			if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+				k.t.Fatal(err)
+			}
+			if err := os.WriteFile(f, []byte(cm.Data[it.Key]), 0o444); err != nil {
+				k.t.Fatal(err)
+			}
+		}
+	}
+	var env []string
+	for _, e := range c.Env {
+		val := e.Value
+		if e.Name == jobexec.EnvRolesPath || e.Name == jobexec.EnvCollectionsPath {
+			var ps []string
+			for _, p := range engine.SplitPaths(val) {
+				ps = append(ps, filepath.Join(dir, p))
+			}
+			val = strings.Join(ps, ":")
+		}
+		env = append(env, e.Name+"="+val)
+	}
+	return env
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // start runs r on a new executor (a controller) in the background and waits
@@ -461,6 +517,48 @@ exit 4
 		}
 		for _, e := range evs.Items {
 			scan("event "+e.Reason, e.Message)
+		}
+	})
+
+	// Operator content: a role that exists only in a ConfigMap (keys
+	// tasks__join.yml …, projected by items into a role directory) runs in
+	// the phase pod, whose engine searches the paths the Job's environment
+	// names; the Job also carries an image volume, admitted as restricted.
+	t.Run("role from a ConfigMap content volume", func(t *testing.T) {
+		kl.t = t
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "role-site-join"}, Data: map[string]string{}}
+		var items []corev1.KeyToPath
+		for _, ph := range []string{"install", "join", "leave"} {
+			key := "tasks__" + ph + ".yml"
+			cm.Data[key] = "- name: " + ph + " from a ConfigMap\n  ansible.builtin.copy:\n    dest: /root/content-" + ph + "\n    content: \"{{ kpssh_phase }} {{ kpssh_vars.GREETING | default('') }}\"\n    mode: \"0600\"\n"
+			items = append(items, corev1.KeyToPath{Key: key, Path: "tasks/" + ph + ".yml"})
+		}
+		if err := env.Client.Create(ctx, cm); err != nil {
+			t.Fatal(err)
+		}
+		content, err := jobexec.ParseContent(`{"volumes":[{"name":"content-role-site-join","configMap":{"name":"role-site-join","items":` + mustJSON(t, items) + `}},
+			{"name":"content-image-acme","image":{"reference":"localhost/acme-content:1","pullPolicy":"IfNotPresent"}}],
+			"volumeMounts":[{"name":"content-role-site-join","mountPath":"/usr/share/kpssh/content/roles/site_join"},
+			{"name":"content-image-acme","mountPath":"/usr/share/kpssh/content/images/acme"}]}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := jobexec.New(c, jobexec.Options{Namespace: ns, Image: "localhost/kpssh-controller:dev", TTL: 3 * time.Second, PollInterval: 2 * time.Second,
+			Content: content, RolesPath: []string{"/usr/share/kpssh/content/roles"}, CollectionsPaths: []string{"/usr/share/kpssh/content/images/acme/collections"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := req
+		r.Key = "kpssh-system/h1/join/claim-uid-content"
+		r.Source = engine.Source{Role: "site_join"}
+		done, job := start(t, ctx, e, env.Client, ns, r)
+		pod := kl.pod(job) // the Job controller's pod, admitted as restricted with both volumes
+		kl.run(pod)
+		if res := await(t, done); res.Outcome != engine.Succeeded {
+			t.Fatalf("result %+v\n%s", res, kl.lastLog)
+		}
+		if got := w.MustRun(0, "cat /root/content-join"); got != "join hello-from-a-job" {
+			t.Fatalf("the ConfigMap role wrote %q", got)
 		}
 	})
 

@@ -63,6 +63,10 @@ func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*eng
 	if roles, err := engine.FindRolesPath(); err == nil {
 		eo.RolesPath = []string{roles}
 	}
+	// Operator content after the shipped content: ansible loads the first
+	// copy of a role or collection, and validation reports a later one.
+	eo.RolesPath = append(eo.RolesPath, engine.SplitPaths(o.RolesPath)...)
+	eo.ExtraCollectionsPaths = engine.SplitPaths(o.CollectionsPath)
 	for _, f := range engineOpts {
 		f(&eo)
 	}
@@ -135,10 +139,15 @@ func executor(o *options.Options, op *coreoperator.Operator) (engine.Engine, err
 	if err != nil {
 		return nil, err
 	}
+	content, err := jobexec.ParseContent(o.JobContent)
+	if err != nil {
+		return nil, err
+	}
 	return jobexec.New(c, jobexec.Options{
 		Namespace: o.JobNamespace, Image: o.JobImage, ImagePullPolicy: corev1.PullPolicy(o.JobImagePullPolicy),
 		TTL: o.JobTTL, HostNetwork: o.JobHostNetwork, MemoryLimit: o.JobMemoryLimit,
 		NodeSelector: sel, AllowManagedNodes: o.JobAllowManagedNodes,
+		Content: content, RolesPath: engine.SplitPaths(o.RolesPath), CollectionsPaths: engine.SplitPaths(o.CollectionsPath),
 	})
 }
 

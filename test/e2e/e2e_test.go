@@ -49,8 +49,9 @@ func TestE2E(t *testing.T) {
 		{"RoleProfile", roleProfile},
 		{"Releases", releases},
 		{"Verified", verified},
-		{"JobExec", jobExec}, // jobexec_test.go
-		{"Metrics", metrics}, // last: reads what the others left in Prometheus
+		{"JobExec", jobExec},         // jobexec_test.go
+		{"ContentRole", contentRole}, // content_test.go
+		{"Metrics", metrics},         // last: reads what the others left in Prometheus
 	}
 	failed := ""
 	for _, sc := range scenarios {

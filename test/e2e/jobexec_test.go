@@ -60,22 +60,7 @@ func jobExec(w *world, _ *state) {
 
 	// The second host joins through Jobs on a's kubelet.
 	w.scale(2)
-	var b *v1beta1.SSHHost
-	w.eventually("a second host joined through phase Jobs", 8*time.Minute, func() (bool, string) {
-		for _, h := range w.sshHosts() {
-			if h.Name == a.Name || h.Status.State != v1beta1.HostInUse {
-				continue
-			}
-			n := &corev1.Node{}
-			if err := w.kube.Get(context.Background(), client.ObjectKey{Name: h.Name}, n); err != nil || !nodeReady(n) {
-				return false, fmt.Sprintf("host %s InUse, node not Ready yet (%v)", h.Name, err)
-			}
-			b = &h
-			return true, ""
-		}
-		jobs, _ := w.kubectl("-n", jobNS, "get", "pods", "-o", "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase", "--no-headers")
-		return false, "no second host InUse; phase pods: " + strings.Join(strings.Fields(jobs), " ")
-	})
+	b := w.joinedBeside(a.Name, jobNS, "a second host joined through phase Jobs")
 	// The Job controller marks the Jobs complete a moment after the
 	// executor has read the result from the pod.
 	w.eventually("the phase Jobs complete", 2*time.Minute, func() (bool, string) {
@@ -226,6 +211,29 @@ func jobExec(w *world, _ *state) {
 	w.mustKubectl("delete", "namespace", jobNS, "--wait=false")
 	w.scale(0)
 	w.allLeft("both hosts left")
+}
+
+// joinedBeside waits until a host other than first is InUse with a Ready
+// Node, its phases run as Jobs in ns (whose pods the wait reports).
+func (w *world) joinedBeside(first, ns, what string) *v1beta1.SSHHost {
+	w.t.Helper()
+	var b *v1beta1.SSHHost
+	w.eventually(what, 8*time.Minute, func() (bool, string) {
+		for _, h := range w.sshHosts() {
+			if h.Name == first || h.Status.State != v1beta1.HostInUse {
+				continue
+			}
+			n := &corev1.Node{}
+			if err := w.kube.Get(context.Background(), client.ObjectKey{Name: h.Name}, n); err != nil || !nodeReady(n) {
+				return false, fmt.Sprintf("host %s InUse, node not Ready yet (%v)", h.Name, err)
+			}
+			b = &h
+			return true, ""
+		}
+		pods, _ := w.kubectl("-n", ns, "get", "pods", "-o", "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase", "--no-headers")
+		return false, "no second host InUse; phase pods: " + strings.Join(strings.Fields(pods), " ")
+	})
+	return b
 }
 
 // controllerImage builds the controller image (registry-free, cached by

@@ -33,6 +33,19 @@ Deployment appends extraEnv and refuses names that are already here.
 - name: JOB_ALLOW_MANAGED_NODES
   value: {{ $ctx.Values.jobExecutor.allowManagedNodes | quote }}
 {{- end }}
+{{- $content := include "kpssh.content" $ctx | fromYaml }}
+{{- with $content.rolesPath }}
+- name: KPSSH_ROLES_PATH
+  value: {{ join ":" . | quote }}
+{{- end }}
+{{- with $content.collectionsPath }}
+- name: KPSSH_COLLECTIONS_PATH
+  value: {{ join ":" . | quote }}
+{{- end }}
+{{- if and (eq $ctx.Values.executor "job") (or $content.volumes $content.initContainers) }}
+- name: KPSSH_JOB_CONTENT
+  value: {{ pick $content "volumes" "volumeMounts" "initContainers" | toJson | quote }}
+{{- end }}
 - name: PROBE_INTERVAL
   value: {{ $ctx.Values.probe.interval | quote }}
 - name: PROBE_TIMEOUT

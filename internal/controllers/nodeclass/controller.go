@@ -45,14 +45,22 @@ type Controller struct {
 	Clock     clock.Clock
 	// BlockedRequeue is how soon a deletion blocked by NodeClaims is re-checked.
 	BlockedRequeue time.Duration
+	// ContentRecheck is how often a class of a role profile is re-checked:
+	// roles are files of the content sources (a ConfigMap volume changes
+	// under a running controller), which no watch reports.
+	ContentRecheck time.Duration
 }
+
+// DefaultContentRecheck: a ConfigMap volume's update reaches the pod within
+// about a minute; the class follows within another.
+const DefaultContentRecheck = time.Minute
 
 // New returns a Controller for the hosts of poolNamespace.
 func New(c client.Client, validator profile.RoleValidator, poolNamespace string, clk clock.Clock) *Controller {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
-	return &Controller{Client: c, Roles: validator, Namespace: poolNamespace, Clock: clk, BlockedRequeue: DefaultBlockedRequeue}
+	return &Controller{Client: c, Roles: validator, Namespace: poolNamespace, Clock: clk, BlockedRequeue: DefaultBlockedRequeue, ContentRecheck: DefaultContentRecheck}
 }
 
 // Register adds the controller to mgr. Profiles wake the classes that
@@ -132,5 +140,9 @@ func (c *Controller) reconcile(ctx context.Context, nc *v1beta1.SSHNodeClass) (r
 	if err := c.ensureFinalizer(ctx, nc); err != nil {
 		return reconcile.Result{}, err
 	}
-	return reconcile.Result{}, c.updateReadiness(ctx, nc)
+	content, err := c.updateReadiness(ctx, nc)
+	if err != nil || !content || c.ContentRecheck <= 0 {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: c.ContentRecheck}, nil
 }

@@ -281,8 +281,16 @@ func TestReadiness(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, tc.roles, nil, tc.objs...)
-			if res := h.mustReconcile(t, "c"); res != (reconcile.Result{}) {
-				t.Errorf("result = %+v, want none (watches wake the class)", res)
+			// watches wake the class; role profiles are also re-checked
+			// (their content is files no watch reports)
+			want := reconcile.Result{}
+			for _, o := range tc.objs {
+				if p, ok := o.(*v1beta1.SSHJoinProfile); ok && p.Spec.Ansible != nil && tc.roles != nil {
+					want.RequeueAfter = DefaultContentRecheck
+				}
+			}
+			if res := h.mustReconcile(t, "c"); res != want {
+				t.Errorf("result = %+v, want %+v", res, want)
 			}
 			nc := h.get(t, "c")
 			st, reason, msg := ready(nc)

@@ -39,25 +39,36 @@ var suffix, pool string
 
 func n(name string) string { return name + suffix }
 
-// realEngine is the engine's real role resolution over a temporary roles
-// path holding one complete role.
+// Content sources of the real engine: the "shipped" roles (one complete
+// role, complete_role, and shipped_role), then an operator roles directory
+// and an operator collections directory, filled by the tests.
+var shippedRoles, opRoles, opColls string
+
+// writeRole writes a role whose phases are no-ops under dir/name.
+func writeRole(t *testing.T, dir, name string) {
+	t.Helper()
+	for _, ph := range []string{"install", "join", "leave"} {
+		d := filepath.Join(dir, name, "tasks")
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, ph+".yml"), []byte("- ansible.builtin.meta: noop\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// realEngine is the engine's real role resolution over those sources.
 func realEngine(t *testing.T) *engine.Local {
 	t.Helper()
 	coll, err := engine.FindCollectionsPath()
 	if err != nil {
 		t.Fatal(err)
 	}
-	roles := t.TempDir()
-	for _, ph := range []string{"install", "join", "leave"} {
-		dir := filepath.Join(roles, "complete_role", "tasks")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, ph+".yml"), []byte("- ansible.builtin.meta: noop\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e, err := engine.New(engine.Options{CollectionsPath: coll, RolesPath: []string{roles}, RunDirBase: t.TempDir()})
+	shippedRoles, opRoles, opColls = t.TempDir(), t.TempDir(), t.TempDir()
+	writeRole(t, shippedRoles, "complete_role")
+	writeRole(t, shippedRoles, "shipped_role")
+	e, err := engine.New(engine.Options{CollectionsPath: coll, RolesPath: []string{shippedRoles, opRoles}, ExtraCollectionsPaths: []string{opColls}, RunDirBase: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +90,7 @@ func startControllerWith(t *testing.T, roles profile.RoleValidator) {
 		t.Fatal(err)
 	}
 	c := nodeclass.New(mgr.GetClient(), roles, pool, clock.RealClock{})
+	c.ContentRecheck = time.Second // content fixes are seen without an API event
 	if err := c.Register(ctx, mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -249,6 +261,74 @@ func TestNodeClassAgainstAPIServer(t *testing.T) {
 		create(t, class(n("role-missing"), n("role-missing"), nil))
 		waitReady(t, n("role-ok"), metav1.ConditionTrue, "Ready", "")
 		waitReady(t, n("role-missing"), metav1.ConditionFalse, v1beta1.ReasonProfileInvalid, "install: role absent_role not found")
+	})
+
+	// Operator content (the engine's second roles directory and its
+	// collections directory): a role found there is Ready; a role in no
+	// source, a broken one, an unreadable source and a shadowing copy each
+	// make only the classes of their profiles ProfileInvalid, naming the
+	// role, the searched paths or the file; fixing the files (no API event)
+	// makes the class Ready.
+	t.Run("operator content", func(t *testing.T) {
+		role := func(name, r string) {
+			create(t, &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1beta1.SSHJoinProfileSpec{Ansible: &v1beta1.AnsibleSource{Role: r}}})
+			create(t, class(name, name, nil))
+		}
+		writeRole(t, opRoles, "site_join")
+		writeRole(t, filepath.Join(opColls, "ansible_collections/acme/site/roles"), "site_join")
+		role(n("op-short"), "site_join")
+		role(n("op-fqcn"), "acme.site.site_join")
+		role(n("op-shipped"), "shipped_role")
+		role(n("op-missing"), "acme.site.nowhere")
+		collections := []string{}
+		if c, err := engine.FindCollectionsPath(); err == nil {
+			collections = append(collections, c)
+		}
+		waitReady(t, n("op-missing"), metav1.ConditionFalse, v1beta1.ReasonProfileInvalid,
+			"install: role acme.site.nowhere not found in: "+strings.Join(append(collections, opColls), ", "))
+		waitReady(t, n("op-short"), metav1.ConditionTrue, "Ready", "")
+		waitReady(t, n("op-fqcn"), metav1.ConditionTrue, "Ready", "")
+
+		// a YAML syntax error in one operator role
+		writeRole(t, opRoles, "broken_role")
+		bad := filepath.Join(opRoles, "broken_role", "defaults", "main.yml")
+		if err := os.MkdirAll(filepath.Dir(bad), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bad, []byte("a: [unclosed\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		role(n("op-syntax"), "broken_role")
+		waitReady(t, n("op-syntax"), metav1.ConditionFalse, v1beta1.ReasonProfileInvalid, "role broken_role: "+bad+" is not valid YAML")
+		waitEvent(t, n("op-syntax"), v1beta1.ReasonProfileInvalid, bad)
+
+		// an operator role with a shipped role's name
+		writeRole(t, opRoles, "shipped_role")
+		waitReady(t, n("op-shipped"), metav1.ConditionFalse, v1beta1.ReasonProfileInvalid,
+			"role shipped_role in "+filepath.Join(opRoles, "shipped_role")+" has the name of the role in "+filepath.Join(shippedRoles, "shipped_role"))
+
+		// an unreadable collections source (a symlink loop: root reads
+		// through a chmod 000)
+		loop := filepath.Join(opColls, "ansible_collections", "loop")
+		if err := os.Symlink(loop, loop); err != nil {
+			t.Fatal(err)
+		}
+		role(n("op-unreadable"), "loop.site.x")
+		waitReady(t, n("op-unreadable"), metav1.ConditionFalse, v1beta1.ReasonProfileInvalid, "content source "+opColls+" is unreadable")
+
+		// the other profiles keep running
+		for _, c := range []string{"op-short", "op-fqcn", "role-ok"} {
+			waitReady(t, n(c), metav1.ConditionTrue, "Ready", "")
+		}
+		// fixing the files is enough: the class is re-checked
+		if err := os.WriteFile(bad, []byte("a: [closed]\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(filepath.Join(opRoles, "shipped_role")); err != nil {
+			t.Fatal(err)
+		}
+		waitReady(t, n("op-syntax"), metav1.ConditionTrue, "Ready", "")
+		waitReady(t, n("op-shipped"), metav1.ConditionTrue, "Ready", "")
 	})
 
 	t.Run("invalid selector is SelectorError", func(t *testing.T) {

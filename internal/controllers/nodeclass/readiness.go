@@ -3,6 +3,7 @@ package nodeclass
 import (
 	"context"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/awslabs/operatorpkg/status"
@@ -42,6 +43,9 @@ const maxMessage = 1024
 type verdict struct {
 	ready           bool
 	reason, message string
+	// content: the profile's role resolves from the content sources (files,
+	// re-checked periodically).
+	content bool
 	// warning (Ready classes only) goes into the Ready condition's message
 	// and a VerifiedScriptWarning event: a signed script without `set -euo
 	// pipefail` is usable, but a failing command would not fail its phase.
@@ -77,9 +81,13 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 		}
 		return verdict{}, err
 	}
+	// content: the verdict depends on role files (see ContentRecheck).
+	content := p.Spec.Ansible != nil && strings.TrimSpace(p.Spec.Ansible.Role) != "" && c.Roles != nil
 	res := profile.CheckClass(p, nc, c.Roles)
 	if !res.OK() {
-		return notReady(res.Reason, "%s", res.Message), nil
+		v := notReady(res.Reason, "%s", res.Message)
+		v.content = content
+		return v, nil
 	}
 	sel := labels.Everything()
 	if nc.Spec.HostSelector != nil {
@@ -95,7 +103,7 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 	if len(hosts.Items) == 0 {
 		return notReady(ReasonNoHosts, "no SSHHost in namespace %s matches the hostSelector", c.Namespace), nil
 	}
-	v := verdict{ready: true}
+	v := verdict{ready: true, content: content}
 	if len(res.Warnings) > 0 {
 		v.warning = notReady("", "%s", profile.WarningMessage(p, res.Warnings)).message
 	}
@@ -103,11 +111,12 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 }
 
 // updateReadiness sets the Ready condition from check and writes the status
-// only when it changed; a change to not-ready is also an event.
-func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeClass) error {
+// only when it changed; a change to not-ready is also an event. content
+// reports that the verdict depends on role files (see ContentRecheck).
+func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeClass) (content bool, err error) {
 	v, err := c.check(ctx, nc)
 	if err != nil {
-		return err
+		return false, err
 	}
 	orig := nc.DeepCopy()
 	before := readyCondition(orig)
@@ -118,7 +127,7 @@ func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeCla
 		cs.SetFalse(v1beta1.ConditionReady, v.reason, v.message)
 	}
 	if err := patchStatus(ctx, c.Client, orig, nc); err != nil {
-		return err
+		return false, err
 	}
 	after := readyCondition(nc)
 	if !v.ready && (before == nil || before.Status != after.Status || before.Reason != after.Reason || before.Message != after.Message) {
@@ -128,7 +137,7 @@ func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeCla
 		c.publish(events.Event{InvolvedObject: nc, Type: corev1.EventTypeWarning, Reason: ReasonVerifiedScriptWarning,
 			Message: v.warning, DedupeValues: []string{string(nc.UID), v.warning}})
 	}
-	return nil
+	return v.content, nil
 }
 
 func readyCondition(nc *v1beta1.SSHNodeClass) *status.Condition {

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/karpenter/pkg/utils/env"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/jobexec"
 )
 
 func init() {
@@ -55,6 +57,14 @@ type Options struct {
 	// lets them run on nodes kpssh manages.
 	JobNodeSelector      string
 	JobAllowManagedNodes bool
+	// RolesPath and CollectionsPath (colon lists) are operator content:
+	// role directories and directories holding ansible_collections/,
+	// searched after the shipped ones (docs/profiles.md, "Custom content").
+	RolesPath       string
+	CollectionsPath string
+	// JobContent (JSON, jobexec.ParseContent) mounts that content into
+	// phase pods at the same paths.
+	JobContent string
 }
 
 // Executors.
@@ -79,6 +89,9 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 	fs.BoolVarWithEnv(&o.JobHostNetwork, "job-host-network", "JOB_HOST_NETWORK", false, "Executor job: run phase pods in the node's network (hosts not reachable from the pod network)")
 	fs.StringVar(&o.JobMemoryLimit, "job-memory-limit", env.WithDefaultString("JOB_MEMORY_LIMIT", "512Mi"), "Executor job: memory limit of a phase pod")
 	fs.StringVar(&o.JobNodeSelector, "job-node-selector", env.WithDefaultString("JOB_NODE_SELECTOR", ""), "Executor job: node selector of phase pods (k=v,k2=v2)")
+	fs.StringVar(&o.RolesPath, "roles-path", env.WithDefaultString("KPSSH_ROLES_PATH", ""), "Operator content: role directories (colon-separated), searched after the shipped roles")
+	fs.StringVar(&o.CollectionsPath, "collections-path", env.WithDefaultString("KPSSH_COLLECTIONS_PATH", ""), "Operator content: directories holding ansible_collections/ (colon-separated), searched after the shipped collection")
+	fs.StringVar(&o.JobContent, "job-content", env.WithDefaultString("KPSSH_JOB_CONTENT", ""), "Executor job: JSON {volumes, volumeMounts, initContainers} mounting the operator content into phase pods (the chart renders it)")
 	fs.BoolVarWithEnv(&o.JobAllowManagedNodes, "job-allow-managed-nodes", "JOB_ALLOW_MANAGED_NODES", false, "Executor job: let phase pods run on nodes kpssh manages (pin them with job-node-selector: a leave may stop the kubelet under its own pod)")
 }
 
@@ -130,6 +143,13 @@ func (o *Options) Validate() error {
 	if o.ProbeConcurrency < 1 {
 		errs = append(errs, fmt.Errorf("probe-concurrency %d must be at least 1", o.ProbeConcurrency))
 	}
+	for flag, list := range map[string]string{"roles-path": o.RolesPath, "collections-path": o.CollectionsPath} {
+		for _, p := range strings.Split(list, ":") {
+			if p = strings.TrimSpace(p); p != "" && !path.IsAbs(p) {
+				errs = append(errs, fmt.Errorf("%s: %q is not an absolute path", flag, p))
+			}
+		}
+	}
 	switch o.Executor {
 	case ExecutorLocal:
 	case ExecutorJob:
@@ -164,6 +184,9 @@ func (o *Options) validateJob() []error {
 		errs = append(errs, fmt.Errorf("job-memory-limit %q is not a positive quantity", o.JobMemoryLimit))
 	}
 	if _, err := o.NodeSelector(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := jobexec.ParseContent(o.JobContent); err != nil {
 		errs = append(errs, err)
 	}
 	return errs

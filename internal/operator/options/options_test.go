@@ -40,6 +40,13 @@ func TestValidateExecutor(t *testing.T) {
 		{"job node selector not k=v", job(func(o *Options) { o.JobNodeSelector = "h1" }), `"h1" is not key=value`},
 		{"job node selector bad key", job(func(o *Options) { o.JobNodeSelector = "bad key=x" }), "job-node-selector bad key=x"},
 		{"job node selector twice", job(func(o *Options) { o.JobNodeSelector = "a=1,a=2" }), "a given twice"},
+		{"content paths", func() Options { o := base(); o.RolesPath, o.CollectionsPath = "/a:/b", "/c"; return o }(), ""},
+		{"relative roles path", func() Options { o := base(); o.RolesPath = "/a:roles"; return o }(), `roles-path: "roles" is not an absolute path`},
+		{"relative collections path", func() Options { o := base(); o.CollectionsPath = "c"; return o }(), `collections-path: "c" is not an absolute path`},
+		{"job content", job(func(o *Options) {
+			o.JobContent = `{"volumes":[{"name":"c","configMap":{"name":"c"}}],"volumeMounts":[{"name":"c","mountPath":"/c"}]}`
+		}), ""},
+		{"job content bad", job(func(o *Options) { o.JobContent = `{"volumeMounts":[{"name":"c","mountPath":"/c"}]}` }), "job content: volumeMount /c names no volume"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,0 +1,220 @@
+package engine
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// writeTree writes files (path relative to root → content) under root.
+func writeTree(t testing.TB, root string, files map[string]string) {
+	t.Helper()
+	for p, c := range files {
+		f := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// contentRole is a small operator role: every phase writes a marker file.
+func contentRole(mark string) map[string]string {
+	m := map[string]string{"defaults/main.yml": "---\ncontent_mark: " + mark + "\n"}
+	for _, ph := range []string{"install", "join", "leave"} {
+		m["tasks/"+ph+".yml"] = `---
+- name: ` + ph + ` writes its marker
+  ansible.builtin.copy:
+    dest: /var/lib/kpssh-content-` + ph + `
+    content: "{{ content_mark }} {{ kpssh_phase }}\n"
+    mode: "0644"
+`
+	}
+	return m
+}
+
+// contentEngine: the shipped collection and testdata/roles, then one
+// operator roles directory and two operator collections directories.
+func contentEngine(t *testing.T) (e *Local, roles, coll1, coll2 string) {
+	t.Helper()
+	base := t.TempDir()
+	roles, coll1, coll2 = filepath.Join(base, "roles"), filepath.Join(base, "coll1"), filepath.Join(base, "coll2")
+	for _, d := range []string{roles, coll1, coll2} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e = testEngine(t, func(o *Options) {
+		o.RolesPath = append(o.RolesPath, roles)
+		o.ExtraCollectionsPaths = []string{coll1, coll2}
+	})
+	return e, roles, coll1, coll2
+}
+
+func mustErr(t *testing.T, err error, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want one containing %q", want)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not contain %q", err, w)
+		}
+	}
+}
+
+// TestValidateRoleContentSources: roles resolve in operator content as
+// ansible resolves them, and every mistake names the role and the searched
+// paths or the offending file.
+func TestValidateRoleContentSources(t *testing.T) {
+	e, roles, coll1, coll2 := contentEngine(t)
+	shipped := e.RolesPaths()[0]
+	writeTree(t, roles, prefix("site_join/", contentRole("short")))
+	writeTree(t, coll1, prefix("ansible_collections/acme/site/roles/site_join/", contentRole("fqcn")))
+
+	for _, role := range []string{"site_join", "acme.site.site_join", "kpssh_test_role"} {
+		for _, ph := range []Phase{PhaseInstall, PhaseJoin, PhaseLeave} {
+			if err := e.ValidateRole(role, ph); err != nil {
+				t.Errorf("%s %s: %v", role, ph, err)
+			}
+		}
+	}
+
+	t.Run("not found names every searched path", func(t *testing.T) {
+		mustErr(t, e.ValidateRole("nowhere", PhaseJoin), "role nowhere not found in: "+shipped+", "+roles)
+		mustErr(t, e.ValidateRole("acme.other.x", PhaseJoin),
+			"role acme.other.x not found in: "+e.CollectionsPaths()[0]+", "+coll1+", "+coll2, "no collection acme.other")
+	})
+	t.Run("a role in a later copy of a collection is never loaded", func(t *testing.T) {
+		writeTree(t, coll2, prefix("ansible_collections/acme/site/roles/only_here/", contentRole("late")))
+		mustErr(t, e.ValidateRole("acme.site.only_here", PhaseJoin), "not found", "loaded from "+filepath.Join(coll1, "ansible_collections/acme/site"),
+			filepath.Join(coll2, "ansible_collections/acme/site/roles/only_here")+" is never used")
+	})
+	t.Run("same FQCN in two sources", func(t *testing.T) {
+		writeTree(t, coll2, prefix("ansible_collections/acme/site/roles/site_join/", contentRole("shadow")))
+		defer os.RemoveAll(filepath.Join(coll2, "ansible_collections/acme/site/roles/site_join"))
+		mustErr(t, e.ValidateRole("acme.site.site_join", PhaseJoin),
+			"role acme.site.site_join in "+filepath.Join(coll2, "ansible_collections/acme/site/roles/site_join"),
+			"which ansible loads instead")
+	})
+	t.Run("operator role shadowing a shipped one", func(t *testing.T) {
+		writeTree(t, roles, prefix("kpssh_test_role/", contentRole("shadow")))
+		defer os.RemoveAll(filepath.Join(roles, "kpssh_test_role"))
+		mustErr(t, e.ValidateRole("kpssh_test_role", PhaseJoin),
+			"role kpssh_test_role in "+filepath.Join(roles, "kpssh_test_role")+" has the name of the role in "+filepath.Join(shipped, "kpssh_test_role"))
+	})
+	t.Run("YAML syntax error names the file", func(t *testing.T) {
+		writeTree(t, roles, prefix("broken/", contentRole("x")))
+		writeTree(t, roles, map[string]string{"broken/handlers/main.yml": "- name: x\n  command: [unclosed\n"})
+		mustErr(t, e.ValidateRole("broken", PhaseJoin), "role broken: "+filepath.Join(roles, "broken/handlers/main.yml")+" is not valid YAML", "line")
+	})
+	t.Run("missing phase file", func(t *testing.T) {
+		writeTree(t, roles, map[string]string{"nojoin/tasks/install.yml": "- ansible.builtin.meta: noop\n"})
+		mustErr(t, e.ValidateRole("nojoin", PhaseJoin), "role nojoin ("+filepath.Join(roles, "nojoin")+") has no tasks/join.yml")
+	})
+	t.Run("unreadable source", func(t *testing.T) {
+		// a symlink loop: unreadable for root too (a chmod 000 is not)
+		loop := filepath.Join(t.TempDir(), "loop")
+		if err := os.Symlink(loop, loop); err != nil {
+			t.Fatal(err)
+		}
+		e2 := testEngine(t, func(o *Options) {
+			o.RolesPath = append(o.RolesPath, loop)
+			o.ExtraCollectionsPaths = []string{loop}
+		})
+		mustErr(t, e2.ValidateRole("site_join", PhaseJoin), "content source "+loop+" is unreadable", "too many levels of symbolic links")
+		mustErr(t, e2.ValidateRole("acme.site.site_join", PhaseJoin), "content source "+loop+" is unreadable")
+		// roles found before the unreadable source are unaffected
+		if err := e2.ValidateRole("kpssh_test_role", PhaseJoin); err != nil {
+			t.Errorf("a shipped role fails beside an unreadable source: %v", err)
+		}
+	})
+	t.Run("ConfigMap volume layout", func(t *testing.T) {
+		// what the kubelet makes of a ConfigMap with items (key → path):
+		// the visible entries are symlinks into ..data
+		dir := filepath.Join(roles, "cm_role")
+		data := filepath.Join(dir, "..2026_01_01")
+		writeTree(t, data, contentRole("cm"))
+		writeTree(t, data, map[string]string{"handlers/main.yml": "- name: x\n  command: [unclosed\n"})
+		for _, l := range [][2]string{{"..2026_01_01", filepath.Join(dir, "..data")}, {"..data/tasks", filepath.Join(dir, "tasks")},
+			{"..data/defaults", filepath.Join(dir, "defaults")}, {"..data/handlers", filepath.Join(dir, "handlers")}} {
+			if err := os.Symlink(l[0], l[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mustErr(t, e.ValidateRole("cm_role", PhaseJoin), filepath.Join(dir, "handlers/main.yml")+" is not valid YAML")
+		os.RemoveAll(filepath.Join(data, "handlers"))
+		os.Remove(filepath.Join(dir, "handlers"))
+		if err := e.ValidateRole("cm_role", PhaseJoin); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+func prefix(p string, m map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range m {
+		out[p+k] = v
+	}
+	return out
+}
+
+// TestRenderedConfigCarriesContentPaths: ansible.cfg lists the same paths,
+// in the same order, as ValidateRole searches; the sandbox may read them.
+func TestRenderedConfigCarriesContentPaths(t *testing.T) {
+	e, roles, coll1, coll2 := contentEngine(t)
+	cfg := ansibleConfig(e.renderConfig("/dev/shm/kpssh-x", time.Minute))
+	if want := "collections_path = " + strings.Join(e.CollectionsPaths(), ":") + "\n"; !strings.Contains(cfg, want) || !strings.Contains(want, coll1+":"+coll2) {
+		t.Errorf("ansible.cfg lacks %q:\n%s", want, cfg)
+	}
+	if want := "roles_path = " + strings.Join(e.RolesPaths(), ":") + "\n"; !strings.Contains(cfg, want) || !strings.HasSuffix(strings.TrimSpace(want), roles) {
+		t.Errorf("ansible.cfg lacks %q:\n%s", want, cfg)
+	}
+	if e.sandboxed() {
+		env := strings.Join(e.sandboxEnv(), "\n")
+		for _, p := range []string{roles, coll1, coll2} {
+			if !strings.Contains(env, p) {
+				t.Errorf("sandbox read list lacks %s: %s", p, env)
+			}
+		}
+	}
+	if _, err := New(Options{AnsiblePlaybook: playbookBin(t), CollectionsPath: e.CollectionsPaths()[0], ExtraCollectionsPaths: []string{"/a b"}}); err == nil ||
+		!strings.Contains(err.Error(), `content path "/a b"`) {
+		t.Errorf("a content path ansible.cfg cannot carry: %v", err)
+	}
+}
+
+// TestContentRolesRun: roles from operator content (a roles directory and a
+// collection, both outside the repo) run on a real host through
+// ansible-playbook, sandboxed like every run.
+func TestContentRolesRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real hosts: not in -short")
+	}
+	e, roles, coll1, _ := contentEngine(t)
+	writeTree(t, roles, prefix("site_join/", contentRole("short")))
+	writeTree(t, coll1, prefix("ansible_collections/acme/site/roles/site_join/", contentRole("fqcn")))
+	writeTree(t, coll1, map[string]string{"ansible_collections/acme/site/galaxy.yml": "namespace: acme\nname: site\nversion: 1.0.0\nreadme: README.md\nauthors: [x]\n"})
+	w := upWorld(t, 1)
+	for role, mark := range map[string]string{"site_join": "short", "acme.site.site_join": "fqcn"} {
+		for _, ph := range []Phase{PhaseInstall, PhaseJoin, PhaseLeave} {
+			if err := e.ValidateRole(role, ph); err != nil {
+				t.Fatal(err)
+			}
+			c := joinContext(w.Host(0))
+			if ph == PhaseLeave {
+				c = Context{HostAddress: c.HostAddress, NodeAddress: c.NodeAddress}
+			}
+			r := e.Run(context.Background(), Request{Phase: ph, Conn: w.conn(0), Source: Source{Role: role}, Context: c, Timeout: 2 * time.Minute})
+			mustOutcome(t, r, Succeeded)
+			if got := mustRun(t, w, 0, "cat /var/lib/kpssh-content-"+string(ph)); got != mark+" "+string(ph) {
+				t.Errorf("%s %s wrote %q", role, ph, got)
+			}
+		}
+	}
+}
