@@ -264,20 +264,38 @@ func (l *Local) ValidateRole(role string, phase Phase) error {
 		f := filepath.Join(d, "tasks", string(phase)+".yml")
 		data, err := os.ReadFile(f)
 		if err != nil {
-			return fmt.Errorf("role %s has no tasks/%s.yml", role, phase)
+			return &NoRolePhaseError{Role: role, Phase: phase}
 		}
-		if phase == PhaseLeave {
-			return validateLeaveFile("role "+role+" tasks/leave.yml", data)
+		if phase.AddressesOnly() {
+			return validateLeaveFile(phase, "role "+role+" tasks/"+string(phase)+".yml", data)
 		}
 		return ValidateTaskList(string(data))
 	}
 	return fmt.Errorf("role %s not found in the roles path", role)
 }
 
+// NoRolePhaseError: the role resolves but has no tasks/<phase>.yml.
+type NoRolePhaseError struct {
+	Role  string
+	Phase Phase
+}
+
+func (e *NoRolePhaseError) Error() string {
+	return fmt.Sprintf("role %s has no tasks/%s.yml", e.Role, e.Phase)
+}
+
 // Run executes one phase and returns its redacted result. It never panics
 // on bad input and always removes its run directory and processes.
 func (l *Local) Run(ctx context.Context, req Request) Result {
 	start := time.Now()
+	// reboot is optional in a role too: without tasks/reboot.yml the
+	// default runs, as for a profile without a reboot phase. Decided here,
+	// where the roles path is (the Job executor's pod runs this too).
+	var np *NoRolePhaseError
+	if req.Phase == PhaseReboot && req.Source.Verified == nil && strings.TrimSpace(req.Source.Role) != "" &&
+		errors.As(l.ValidateRole(req.Source.Role, PhaseReboot), &np) {
+		req.Source = Source{Script: DefaultRebootScript}
+	}
 	red := redactorFor(req)
 	res := l.run(ctx, req, red)
 	res.Duration = time.Since(start)
