@@ -268,7 +268,7 @@ type HostReboot struct {
 	// +kubebuilder:validation:MaxLength=512
 	OperationID string `json:"operationID"`
 	// ClaimUID is the claim the reboot was asked under.
-	ClaimUID types.UID `json:"claimUID"`
+	ClaimUID types.UID    `json:"claimUID"`
 	Result   RebootResult `json:"result"`
 	// BootID is the host's boot id before the reboot (the Node's), when
 	// known: the host has returned when a probe reports another one.
