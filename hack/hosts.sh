@@ -311,6 +311,25 @@ container_pid1() {
 	[[ -z $first ]] || echo "$first"
 }
 
+# live_pid1 I prints the host's PID 1 now: the recorded one while it is
+# still the running nspawn's child, else (the container rebooted itself and
+# nspawn was started again) the current one, recorded anew. Empty when the
+# host is not running.
+live_pid1() {
+	local d np p="" pp
+	d=$STATE/hosts/h$1
+	np=$(nspawn_pid "$1")
+	[[ -n $np ]] || return 0
+	{ read -r p <"$d/pid1"; } 2>/dev/null || true
+	if [[ $p =~ ^[0-9]+$ ]] && pp=$(ps -o ppid= -p "$p" 2>/dev/null) && ((pp == np)); then
+		echo "$p"
+		return 0
+	fi
+	p=$(container_pid1 "$1")
+	[[ -z $p ]] || echo "$p" >"$d/pid1"
+	echo "$p"
+}
+
 # launcher_alive I: the recorded launcher process still exists and is not a
 # zombie: either the launcher shell (machine name is one of its arguments),
 # nspawn itself, or a process in the middle of exec'ing one into the other.
@@ -427,7 +446,12 @@ start_host() { # I: launch (no wait); requires the disk to exist
 	START_TS[$i]=$EPOCHREALTIME
 	echo "=== start $(date -u +%FT%TZ)" >>"$h/console.log"
 	# The launcher moves itself into the host's cgroups, mounts the overlay in a
-	# private mount namespace (it vanishes with the host) and becomes nspawn.
+	# private mount namespace (it vanishes with the host) and runs nspawn.
+	# A reboot inside the container ends nspawn with 133: the launcher boots
+	# it again on the same mount, like systemd-nspawn@.service's
+	# RestartForceExitStatus=133. The pidfile names the running nspawn (each
+	# boot's), so signals and nspawn_pid reach nspawn itself; any other
+	# exit (stop's SIGKILL of PID 1, poweroff) ends the launcher with it.
 	# Arguments are passed positionally: no quoting games.
 	# shellcheck disable=SC2016
 	setsid unshare --mount --propagation private -- bash -c '
@@ -437,11 +461,23 @@ start_host() { # I: launch (no wait); requires the disk to exist
 		for cg in "$@"; do echo $$ >"$cg/cgroup.procs"; done
 		echo $$ >"$pidfile"
 		mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$merged"
-		exec systemd-nspawn --quiet --boot --directory="$merged" --machine="$machine" \
-			--register=no --keep-unit --network-namespace-path="/run/netns/$ns" \
-			--console=read-only --capability=all --bind=/dev/kmsg \
-			--system-call-filter=@keyring --bind="$cdir:/var/lib/containerd" \
-			${mirror:+"--bind-ro=$mirror:/srv/kpssh-mirror"}
+		nspawn=""
+		trap '\''[ -z "$nspawn" ] || kill -TERM "$nspawn" 2>/dev/null; exit 143'\'' TERM
+		trap '\''[ -z "$nspawn" ] || kill -INT "$nspawn" 2>/dev/null; exit 130'\'' INT
+		while :; do
+			systemd-nspawn --quiet --boot --directory="$merged" --machine="$machine" \
+				--register=no --keep-unit --network-namespace-path="/run/netns/$ns" \
+				--console=read-only --capability=all --bind=/dev/kmsg \
+				--system-call-filter=@keyring --bind="$cdir:/var/lib/containerd" \
+				${mirror:+"--bind-ro=$mirror:/srv/kpssh-mirror"} &
+			nspawn=$!
+			echo "$nspawn" >"$pidfile"
+			rc=0
+			wait "$nspawn" || rc=$?
+			nspawn=""
+			[ "$rc" = 133 ] || exit "$rc"
+			echo "=== reboot $(date -u +%FT%TZ)"
+		done
 	' kpssh-launch "$h/nspawn.pid" "$rootfs" "$h/upper" "$h/work" "$h/merged" "$machine" "$ns" "$h/containerd" \
 		"$mirror" "${cgs[@]}" </dev/null >>"$h/console.log" 2>&1 6>&- 7>&- 8>&- 9>&- &
 	LAUNCH_PID[$i]=$!
@@ -907,7 +943,8 @@ cmd_inventory() {
 		{ read -r pub <"$d/upper/etc/ssh/ssh_host_ed25519_key.pub"; } 2>/dev/null || true
 		pub=${pub% *} # drop the comment
 		fp=$(ssh-keygen -lf "$d/upper/etc/ssh/ssh_host_ed25519_key.pub" 2>/dev/null | awk '{print $2}' || true)
-		if [[ -f $d/pid1 && -n $(nspawn_pid "$i") ]]; then read -r pid1 <"$d/pid1"; fi
+		pid1=$(live_pid1 "$i")
+		pid1=${pid1:-0}
 		[[ -f $d/cut ]] && cut=true
 		((first)) || printf ','
 		first=0
@@ -938,7 +975,7 @@ cmd_status() {
 			st="running, ssh FAILING"
 		fi
 		printf '  h%-3s %-15s %-24s %-9s nspawn=%-7s pid1=%-7s %s\n' "$i" "$(ip_of "$i")" "$(machine_of "$i")" \
-			"$(host_release "$i")" "$(nspawn_pid "$i")" "$(cat "$d/pid1" 2>/dev/null || true)" "$st"
+			"$(host_release "$i")" "$(nspawn_pid "$i")" "$(live_pid1 "$i")" "$st"
 	done
 }
 
