@@ -240,7 +240,7 @@ func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, erro
 	}
 	if err := profile.Validate(out.Profile, nil); err != nil {
 		switch {
-		case o.Phase != engine.PhaseLeave:
+		case !o.Phase.AddressesOnly():
 			return nil, usageErr("SSHJoinProfile %s is invalid: %v", out.Profile.Name, err)
 		case out.Profile.Name != leave.FallbackProfile().Name:
 			// The controller runs a marker profile's leave whatever its
