@@ -417,7 +417,7 @@ func TestVerifiedHost(t *testing.T) {
 			{"raw script", "bash -s", []byte(markScript), 4},
 			{"raw script, shim command", "kpssh-shim run", []byte(markScript), 4},
 			{"truncated envelope", "kpssh-shim run", good[:len(good)/2], 4},
-			{"unknown phase", "kpssh-shim run", replaceLine(good, "phase", "reboot"), 5},
+			{"unknown phase", "kpssh-shim run", replaceLine(good, "phase", "bogus"), 5},
 		}
 		for _, c := range cases {
 			rc, out := f.sshAsKpssh(c.cmd, c.in)
