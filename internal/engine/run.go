@@ -284,18 +284,23 @@ func (e *NoRolePhaseError) Error() string {
 	return fmt.Sprintf("role %s has no tasks/%s.yml", e.Role, e.Phase)
 }
 
+// rebootSource: reboot is optional in a role too; without tasks/reboot.yml
+// the default runs, as for a profile without a reboot phase. Decided here,
+// where the roles path is (the Job executor's pod runs Local.Run too).
+func (l *Local) rebootSource(req Request) Source {
+	var np *NoRolePhaseError
+	if req.Phase == PhaseReboot && req.Source.Verified == nil && strings.TrimSpace(req.Source.Role) != "" &&
+		errors.As(l.ValidateRole(req.Source.Role, PhaseReboot), &np) {
+		return Source{Script: DefaultRebootScript}
+	}
+	return req.Source
+}
+
 // Run executes one phase and returns its redacted result. It never panics
 // on bad input and always removes its run directory and processes.
 func (l *Local) Run(ctx context.Context, req Request) Result {
 	start := time.Now()
-	// reboot is optional in a role too: without tasks/reboot.yml the
-	// default runs, as for a profile without a reboot phase. Decided here,
-	// where the roles path is (the Job executor's pod runs this too).
-	var np *NoRolePhaseError
-	if req.Phase == PhaseReboot && req.Source.Verified == nil && strings.TrimSpace(req.Source.Role) != "" &&
-		errors.As(l.ValidateRole(req.Source.Role, PhaseReboot), &np) {
-		req.Source = Source{Script: DefaultRebootScript}
-	}
+	req.Source = l.rebootSource(req)
 	red := redactorFor(req)
 	res := l.run(ctx, req, red)
 	res.Duration = time.Since(start)
