@@ -435,7 +435,7 @@ start_host() { # I: launch (no wait); requires the disk to exist
 		cpuset_init "$root" "$cg"
 		cgs+=("$cg")
 	done < <(cgroup_roots)
-	rm -f "$h/nspawn.pid" "$h/pid1"
+	rm -f "$h/nspawn.pid" "$h/launcher.pid" "$h/pid1"
 	umount_under "$h/merged"
 	local mirror=""
 	if [[ -f $STATE/mirror ]]; then
@@ -460,6 +460,7 @@ start_host() { # I: launch (no wait); requires the disk to exist
 		shift 9
 		for cg in "$@"; do echo $$ >"$cg/cgroup.procs"; done
 		echo $$ >"$pidfile"
+		echo $$ >"${pidfile%/*}/launcher.pid"
 		mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$merged"
 		nspawn=""
 		trap '\''[ -z "$nspawn" ] || kill -TERM "$nspawn" 2>/dev/null; exit 143'\'' TERM
@@ -594,8 +595,19 @@ kill_host() {
 	# Remember nspawn by pid + start time: once it exits its cmdline is empty
 	# but it lingers as a zombie until PID 1 reaps it.
 	KILLED_NSPAWN[$1]="$np:$(proc_start "$np")"
+	launcher_rec "$1"
 	pid1=$(container_pid1 "$1")
 	if [[ -n $pid1 ]]; then kill -KILL "$pid1" 2>/dev/null || true; fi
+}
+
+# launcher_rec I remembers host I's launcher (the shell that runs nspawn
+# and boots it again after a reboot) by pid + start time: it exits with
+# nspawn and, like nspawn before it, lingers as a zombie until PID 1 reaps it.
+launcher_rec() {
+	local lp
+	{ read -r lp <"$STATE/hosts/h$1/launcher.pid"; } 2>/dev/null || return 0
+	[[ $lp =~ ^[0-9]+$ ]] && cmdline_has "$lp" "kpssh-$TAG-h$1" || return 0
+	KILLED_LAUNCHER[$1]="$lp:$(proc_start "$lp")"
 }
 
 # same_proc PID START: the process PID still exists (maybe as a zombie) and
@@ -633,6 +645,19 @@ reap_host() {
 		fi
 	fi
 	unset "KILLED_NSPAWN[$i]"
+	[[ -n ${KILLED_LAUNCHER[$i]:-} ]] || launcher_rec "$i"
+	rec=${KILLED_LAUNCHER[$i]:-}
+	if [[ -n $rec ]]; then
+		np=${rec%%:*}
+		st=${rec#*:}
+		for ((tries = 0; tries < 100; tries++)); do
+			same_proc "$np" "$st" && [[ $(proc_state "$np") != Z ]] || break
+			((tries == 50)) && kill -KILL "$np" 2>/dev/null
+			sleep 0.05
+		done
+		same_proc "$np" "$st" && ZOMBIES+=("$np:$st")
+	fi
+	unset "KILLED_LAUNCHER[$i]"
 	# All cgroup dirs of the host, in every hierarchy, children before
 	# parents (reverse lexical order of a recursive glob; no forks).
 	local cgs=() dirs=() all=()
@@ -672,7 +697,7 @@ reap_host() {
 	umount_under "$h/merged"
 	net_down "$i"
 	rm -rf "/run/systemd/nspawn/propagate/$machine" "/run/systemd/nspawn/unix-export/$machine"
-	rm -f "$h/nspawn.pid" "$h/pid1" "$h/cut"
+	rm -f "$h/nspawn.pid" "$h/launcher.pid" "$h/pid1" "$h/cut"
 }
 
 # proc_state PID: the state letter of a process (R, S, D, Z, ...), empty if gone.
@@ -693,7 +718,7 @@ wait_reaped() {
 			same_proc "${z%%:*}" "${z#*:}" || break
 			sleep 0.05
 		done
-		same_proc "${z%%:*}" "${z#*:}" && log "warning: exited nspawn ${z%%:*} not reaped by PID 1 yet"
+		same_proc "${z%%:*}" "${z#*:}" && log "warning: exited nspawn (or its launcher) ${z%%:*} not reaped by PID 1 yet"
 	done
 	ZOMBIES=()
 }
@@ -716,6 +741,7 @@ lock_world() { # hold the world's lock until exit (fd 6; never passed to hosts)
 CREATED_WORLD=0
 declare -A START_TS=()
 declare -A KILLED_NSPAWN=()
+declare -A KILLED_LAUNCHER=()
 declare -A LAUNCH_PID=()
 ZOMBIES=()
 CREATED_HOSTS=()
