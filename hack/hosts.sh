@@ -311,6 +311,25 @@ container_pid1() {
 	[[ -z $first ]] || echo "$first"
 }
 
+# live_pid1 I prints the host's PID 1 now: the recorded one while it is
+# still the running nspawn's child, else (the container rebooted itself and
+# nspawn was started again) the current one, recorded anew. Empty when the
+# host is not running.
+live_pid1() {
+	local d np p="" pp
+	d=$STATE/hosts/h$1
+	np=$(nspawn_pid "$1")
+	[[ -n $np ]] || return 0
+	{ read -r p <"$d/pid1"; } 2>/dev/null || true
+	if [[ $p =~ ^[0-9]+$ ]] && pp=$(ps -o ppid= -p "$p" 2>/dev/null) && ((pp == np)); then
+		echo "$p"
+		return 0
+	fi
+	p=$(container_pid1 "$1")
+	[[ -z $p ]] || echo "$p" >"$d/pid1"
+	echo "$p"
+}
+
 # launcher_alive I: the recorded launcher process still exists and is not a
 # zombie: either the launcher shell (machine name is one of its arguments),
 # nspawn itself, or a process in the middle of exec'ing one into the other.
@@ -416,7 +435,7 @@ start_host() { # I: launch (no wait); requires the disk to exist
 		cpuset_init "$root" "$cg"
 		cgs+=("$cg")
 	done < <(cgroup_roots)
-	rm -f "$h/nspawn.pid" "$h/pid1"
+	rm -f "$h/nspawn.pid" "$h/launcher.pid" "$h/pid1"
 	umount_under "$h/merged"
 	local mirror=""
 	if [[ -f $STATE/mirror ]]; then
@@ -427,7 +446,12 @@ start_host() { # I: launch (no wait); requires the disk to exist
 	START_TS[$i]=$EPOCHREALTIME
 	echo "=== start $(date -u +%FT%TZ)" >>"$h/console.log"
 	# The launcher moves itself into the host's cgroups, mounts the overlay in a
-	# private mount namespace (it vanishes with the host) and becomes nspawn.
+	# private mount namespace (it vanishes with the host) and runs nspawn.
+	# A reboot inside the container ends nspawn with 133: the launcher boots
+	# it again on the same mount, like systemd-nspawn@.service's
+	# RestartForceExitStatus=133. The pidfile names the running nspawn (each
+	# boot's), so signals and nspawn_pid reach nspawn itself; any other
+	# exit (stop's SIGKILL of PID 1, poweroff) ends the launcher with it.
 	# Arguments are passed positionally: no quoting games.
 	# shellcheck disable=SC2016
 	setsid unshare --mount --propagation private -- bash -c '
@@ -436,12 +460,25 @@ start_host() { # I: launch (no wait); requires the disk to exist
 		shift 9
 		for cg in "$@"; do echo $$ >"$cg/cgroup.procs"; done
 		echo $$ >"$pidfile"
+		echo $$ >"${pidfile%/*}/launcher.pid"
 		mount -t overlay overlay -o "lowerdir=$lower,upperdir=$upper,workdir=$work" "$merged"
-		exec systemd-nspawn --quiet --boot --directory="$merged" --machine="$machine" \
-			--register=no --keep-unit --network-namespace-path="/run/netns/$ns" \
-			--console=read-only --capability=all --bind=/dev/kmsg \
-			--system-call-filter=@keyring --bind="$cdir:/var/lib/containerd" \
-			${mirror:+"--bind-ro=$mirror:/srv/kpssh-mirror"}
+		nspawn=""
+		trap '\''[ -z "$nspawn" ] || kill -TERM "$nspawn" 2>/dev/null; exit 143'\'' TERM
+		trap '\''[ -z "$nspawn" ] || kill -INT "$nspawn" 2>/dev/null; exit 130'\'' INT
+		while :; do
+			systemd-nspawn --quiet --boot --directory="$merged" --machine="$machine" \
+				--register=no --keep-unit --network-namespace-path="/run/netns/$ns" \
+				--console=read-only --capability=all --bind=/dev/kmsg \
+				--system-call-filter=@keyring --bind="$cdir:/var/lib/containerd" \
+				${mirror:+"--bind-ro=$mirror:/srv/kpssh-mirror"} &
+			nspawn=$!
+			echo "$nspawn" >"$pidfile"
+			rc=0
+			wait "$nspawn" || rc=$?
+			nspawn=""
+			[ "$rc" = 133 ] || exit "$rc"
+			echo "=== reboot $(date -u +%FT%TZ)"
+		done
 	' kpssh-launch "$h/nspawn.pid" "$rootfs" "$h/upper" "$h/work" "$h/merged" "$machine" "$ns" "$h/containerd" \
 		"$mirror" "${cgs[@]}" </dev/null >>"$h/console.log" 2>&1 6>&- 7>&- 8>&- 9>&- &
 	LAUNCH_PID[$i]=$!
@@ -558,8 +595,19 @@ kill_host() {
 	# Remember nspawn by pid + start time: once it exits its cmdline is empty
 	# but it lingers as a zombie until PID 1 reaps it.
 	KILLED_NSPAWN[$1]="$np:$(proc_start "$np")"
+	launcher_rec "$1"
 	pid1=$(container_pid1 "$1")
 	if [[ -n $pid1 ]]; then kill -KILL "$pid1" 2>/dev/null || true; fi
+}
+
+# launcher_rec I remembers host I's launcher (the shell that runs nspawn
+# and boots it again after a reboot) by pid + start time: it exits with
+# nspawn and, like nspawn before it, lingers as a zombie until PID 1 reaps it.
+launcher_rec() {
+	local lp
+	{ read -r lp <"$STATE/hosts/h$1/launcher.pid"; } 2>/dev/null || return 0
+	[[ $lp =~ ^[0-9]+$ ]] && cmdline_has "$lp" "kpssh-$TAG-h$1" || return 0
+	KILLED_LAUNCHER[$1]="$lp:$(proc_start "$lp")"
 }
 
 # same_proc PID START: the process PID still exists (maybe as a zombie) and
@@ -597,6 +645,19 @@ reap_host() {
 		fi
 	fi
 	unset "KILLED_NSPAWN[$i]"
+	[[ -n ${KILLED_LAUNCHER[$i]:-} ]] || launcher_rec "$i"
+	rec=${KILLED_LAUNCHER[$i]:-}
+	if [[ -n $rec ]]; then
+		np=${rec%%:*}
+		st=${rec#*:}
+		for ((tries = 0; tries < 100; tries++)); do
+			same_proc "$np" "$st" && [[ $(proc_state "$np") != Z ]] || break
+			((tries == 50)) && kill -KILL "$np" 2>/dev/null
+			sleep 0.05
+		done
+		same_proc "$np" "$st" && ZOMBIES+=("$np:$st")
+	fi
+	unset "KILLED_LAUNCHER[$i]"
 	# All cgroup dirs of the host, in every hierarchy, children before
 	# parents (reverse lexical order of a recursive glob; no forks).
 	local cgs=() dirs=() all=()
@@ -636,7 +697,7 @@ reap_host() {
 	umount_under "$h/merged"
 	net_down "$i"
 	rm -rf "/run/systemd/nspawn/propagate/$machine" "/run/systemd/nspawn/unix-export/$machine"
-	rm -f "$h/nspawn.pid" "$h/pid1" "$h/cut"
+	rm -f "$h/nspawn.pid" "$h/launcher.pid" "$h/pid1" "$h/cut"
 }
 
 # proc_state PID: the state letter of a process (R, S, D, Z, ...), empty if gone.
@@ -657,7 +718,7 @@ wait_reaped() {
 			same_proc "${z%%:*}" "${z#*:}" || break
 			sleep 0.05
 		done
-		same_proc "${z%%:*}" "${z#*:}" && log "warning: exited nspawn ${z%%:*} not reaped by PID 1 yet"
+		same_proc "${z%%:*}" "${z#*:}" && log "warning: exited nspawn (or its launcher) ${z%%:*} not reaped by PID 1 yet"
 	done
 	ZOMBIES=()
 }
@@ -680,6 +741,7 @@ lock_world() { # hold the world's lock until exit (fd 6; never passed to hosts)
 CREATED_WORLD=0
 declare -A START_TS=()
 declare -A KILLED_NSPAWN=()
+declare -A KILLED_LAUNCHER=()
 declare -A LAUNCH_PID=()
 ZOMBIES=()
 CREATED_HOSTS=()
@@ -907,7 +969,8 @@ cmd_inventory() {
 		{ read -r pub <"$d/upper/etc/ssh/ssh_host_ed25519_key.pub"; } 2>/dev/null || true
 		pub=${pub% *} # drop the comment
 		fp=$(ssh-keygen -lf "$d/upper/etc/ssh/ssh_host_ed25519_key.pub" 2>/dev/null | awk '{print $2}' || true)
-		if [[ -f $d/pid1 && -n $(nspawn_pid "$i") ]]; then read -r pid1 <"$d/pid1"; fi
+		pid1=$(live_pid1 "$i")
+		pid1=${pid1:-0}
 		[[ -f $d/cut ]] && cut=true
 		((first)) || printf ','
 		first=0
@@ -938,7 +1001,7 @@ cmd_status() {
 			st="running, ssh FAILING"
 		fi
 		printf '  h%-3s %-15s %-24s %-9s nspawn=%-7s pid1=%-7s %s\n' "$i" "$(ip_of "$i")" "$(machine_of "$i")" \
-			"$(host_release "$i")" "$(nspawn_pid "$i")" "$(cat "$d/pid1" 2>/dev/null || true)" "$st"
+			"$(host_release "$i")" "$(nspawn_pid "$i")" "$(live_pid1 "$i")" "$st"
 	done
 }
 

@@ -121,7 +121,7 @@ type ClaimRef struct {
 }
 
 // Phase names a lifecycle phase of a join profile.
-// +kubebuilder:validation:Enum=install;join;leave;uninstall
+// +kubebuilder:validation:Enum=install;join;leave;uninstall;reboot
 type Phase string
 
 const (
@@ -129,6 +129,7 @@ const (
 	PhaseJoin      Phase = "join"
 	PhaseLeave     Phase = "leave"
 	PhaseUninstall Phase = "uninstall"
+	PhaseReboot    Phase = "reboot"
 )
 
 // PhaseResult is the outcome of one phase run.
@@ -233,6 +234,91 @@ type SSHHostStatus struct {
 	// (selectable fields status.machine.address, status.machine.nodeAddress).
 	// +optional
 	Machine *MachineIdentity `json:"machine,omitempty"`
+	// Reboot is the last in-place reboot Karpenter asked for (Reboot with
+	// an operation id), recorded before the reboot phase runs so that the
+	// same operation never reboots the host twice. Condition Rebooting
+	// mirrors it.
+	// +optional
+	Reboot *HostReboot `json:"reboot,omitempty"`
+}
+
+// RebootResult is where an in-place reboot stands.
+// +kubebuilder:validation:Enum=Requested;Issued;Returned;Failed;Lost
+type RebootResult string
+
+const (
+	// RebootRequested: recorded; the reboot phase has not finished (or the
+	// controller died while it ran — the operation is not run again).
+	RebootRequested RebootResult = "Requested"
+	// RebootIssued: the reboot phase succeeded; the host goes down.
+	RebootIssued RebootResult = "Issued"
+	// RebootReturned: a probe saw the host back (a new boot id, or SSH
+	// back after an outage).
+	RebootReturned RebootResult = "Returned"
+	// RebootFailed: the reboot phase failed or was refused.
+	RebootFailed RebootResult = "Failed"
+	// RebootLost: the host did not come back in time; it is Unhealthy,
+	// the claim kept, until it returns or Karpenter replaces the node.
+	RebootLost RebootResult = "Lost"
+)
+
+// HostReboot records one in-place reboot of a claimed host.
+type HostReboot struct {
+	// OperationID is Karpenter's id of the reboot operation.
+	// +kubebuilder:validation:MaxLength=512
+	OperationID string `json:"operationID"`
+	// ClaimUID is the claim the reboot was asked under.
+	ClaimUID types.UID    `json:"claimUID"`
+	Result   RebootResult `json:"result"`
+	// BootID is the host's boot id before the reboot (the Node's), when
+	// known: the host has returned when a probe reports another one.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	BootID      string      `json:"bootID,omitempty"`
+	RequestedAt metav1.Time `json:"requestedAt"`
+	// WentDown: a probe failed since the reboot was asked (without a
+	// BootID, the host has returned when SSH answers after that).
+	// +optional
+	WentDown bool `json:"wentDown,omitempty"`
+	// +optional
+	ReturnedAt *metav1.Time `json:"returnedAt,omitempty"`
+	// Message is the redacted failure, if any.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// ConditionRebooting is True while a reboot is Requested or Issued, False
+// once it Returned, Failed or was Lost (the reason says which).
+const ConditionRebooting = "Rebooting"
+
+// Active reports whether the reboot still waits for the host to return.
+func (r *HostReboot) Active() bool {
+	return r != nil && (r.Result == RebootRequested || r.Result == RebootIssued || r.Result == RebootLost)
+}
+
+// SetReboot records r with the Rebooting condition that mirrors it.
+func (h *SSHHost) SetReboot(r *HostReboot, now metav1.Time) {
+	h.Status.Reboot = r
+	if r == nil {
+		h.removeCondition(ConditionRebooting)
+		return
+	}
+	cond := status.Condition{Type: ConditionRebooting, Status: metav1.ConditionFalse, ObservedGeneration: h.Generation,
+		LastTransitionTime: now, Reason: "Reboot" + string(r.Result)}
+	switch r.Result {
+	case RebootRequested:
+		cond.Status, cond.Message = metav1.ConditionTrue, "reboot "+r.OperationID+" requested: the reboot phase runs"
+	case RebootIssued:
+		cond.Status, cond.Message = metav1.ConditionTrue, "reboot "+r.OperationID+" issued: waiting for the host to come back"
+	case RebootReturned:
+		cond.Message = "the host came back from reboot " + r.OperationID
+	case RebootFailed:
+		cond.Message = "reboot " + r.OperationID + " failed: " + r.Message
+	case RebootLost:
+		cond.Message = "the host did not come back from reboot " + r.OperationID + ": " + r.Message
+	}
+	h.setCondition(cond)
 }
 
 // MachineIdentity identifies the machine an SSHHost reaches. Two hosts with

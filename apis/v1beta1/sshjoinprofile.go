@@ -59,6 +59,11 @@ type ProfileScripts struct {
 	// Uninstall is never run by the controller.
 	// +optional
 	Uninstall Script `json:"uninstall,omitempty"`
+	// Reboot restarts the joined host in place (Karpenter's RebootNode
+	// repair). It must return before the host goes down and keep the
+	// node's units enabled; absent, kpssh's default reboot runs.
+	// +optional
+	Reboot Script `json:"reboot,omitempty"`
 }
 
 // AnsibleSource is either a role in the runner's roles path or inline task lists.
@@ -87,6 +92,9 @@ type ProfileTasks struct {
 	Leave TaskList `json:"leave"`
 	// +optional
 	Uninstall TaskList `json:"uninstall,omitempty"`
+	// Reboot: see ProfileScripts.Reboot; absent, the default reboot runs.
+	// +optional
+	Reboot TaskList `json:"reboot,omitempty"`
 }
 
 // PhaseTimeouts bound each phase run.
@@ -100,6 +108,11 @@ type PhaseTimeouts struct {
 	// +kubebuilder:default="3m"
 	// +optional
 	Leave Duration `json:"leave,omitempty"`
+	// Reboot bounds the reboot phase, which only schedules the reboot
+	// (Karpenter gives a provider 5m to accept one).
+	// +kubebuilder:default="2m"
+	// +optional
+	Reboot Duration `json:"reboot,omitempty"`
 }
 
 // ProfileSignatures holds one armored SSHSIG per script.
@@ -112,6 +125,9 @@ type ProfileSignatures struct {
 	Leave Signature `json:"leave,omitempty"`
 	// +optional
 	Uninstall Signature `json:"uninstall,omitempty"`
+	// Reboot signs scripts.reboot: Verified hosts have no default reboot.
+	// +optional
+	Reboot Signature `json:"reboot,omitempty"`
 }
 
 // SSHJoinProfile says how a host becomes a node.

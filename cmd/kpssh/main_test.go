@@ -47,7 +47,7 @@ func TestDispatch(t *testing.T) {
 		{[]string{"validate"}, cli.ExitUsage, "", "kpssh validate: want PROFILE.yaml, got 0 argument(s)"},
 		{[]string{"render", "--profile", "p.yaml", "join"}, cli.ExitUsage, "", "kpssh render: offline render needs both --profile and --host"},
 		// Reaches render's own argument checks (no API server needed).
-		{[]string{"render", "h1", "reboot"}, cli.ExitUsage, "", `kpssh render: unknown phase "reboot"`},
+		{[]string{"render", "h1", "bogus"}, cli.ExitUsage, "", `kpssh render: unknown phase "bogus"`},
 	}
 	for _, tc := range cases {
 		var out, errb bytes.Buffer
@@ -293,9 +293,9 @@ func TestRenderBinary(t *testing.T) {
 		},
 		{
 			name:   "bad phase",
-			args:   []string{"render", "--kubeconfig", env.Kubeconfig, "h1", "reboot"},
+			args:   []string{"render", "--kubeconfig", env.Kubeconfig, "h1", "bogus"},
 			code:   cli.ExitUsage,
-			stderr: `kpssh render: unknown phase "reboot"`,
+			stderr: `kpssh render: unknown phase "bogus"`,
 		},
 		{
 			name:   "API unreachable",

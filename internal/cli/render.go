@@ -191,7 +191,7 @@ func (r *Renderer) warn(format string, a ...any) {
 // Render resolves and renders one phase of one host.
 func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, error) {
 	if !o.Phase.Valid() {
-		return nil, usageErr("unknown phase %q (want install, join, leave or uninstall)", o.Phase)
+		return nil, usageErr("unknown phase %q (want install, join, leave, uninstall or reboot)", o.Phase)
 	}
 	h := &v1beta1.SSHHost{}
 	key := client.ObjectKey{Namespace: o.Namespace, Name: o.Host}
@@ -201,9 +201,9 @@ func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, erro
 	out := &Rendered{Host: h, Phase: o.Phase}
 	var pc engine.Context
 	var redact []string
-	if o.Phase == engine.PhaseLeave {
+	if o.Phase.AddressesOnly() {
 		if o.NodeClass != "" {
-			r.warn("--nodeclass %s is ignored for leave: leave runs the install marker's profile with the empty context", o.NodeClass)
+			r.warn("--nodeclass %s is ignored for %s: %s runs the install marker's profile with the empty context", o.NodeClass, o.Phase, o.Phase)
 		}
 		p, err := leave.Profile(ctx, r.Client, h)
 		if err != nil {
@@ -240,7 +240,7 @@ func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, erro
 	}
 	if err := profile.Validate(out.Profile, nil); err != nil {
 		switch {
-		case o.Phase != engine.PhaseLeave:
+		case !o.Phase.AddressesOnly():
 			return nil, usageErr("SSHJoinProfile %s is invalid: %v", out.Profile.Name, err)
 		case out.Profile.Name != leave.FallbackProfile().Name:
 			// The controller runs a marker profile's leave whatever its
@@ -565,7 +565,7 @@ func (c renderCmd) run(ctx context.Context, args []string, stdout, stderr io.Wri
 	}
 	// Bad input needs no API server.
 	if !o.Phase.Valid() {
-		return fail(usageErr("unknown phase %q (want install, join, leave or uninstall)", pos[1]))
+		return fail(usageErr("unknown phase %q (want install, join, leave, uninstall or reboot)", pos[1]))
 	}
 	if o.Host == "" || o.Namespace == "" {
 		return fail(usageErr("HOST and --namespace must not be empty"))

@@ -554,7 +554,7 @@ func TestRenderUsage(t *testing.T) {
 		code   int
 		stderr string
 	}{
-		{"bad phase", []string{"h1", "reboot"}, ExitUsage, `unknown phase "reboot"`},
+		{"bad phase", []string{"h1", "bogus"}, ExitUsage, `unknown phase "bogus"`},
 		{"missing phase", []string{"h1"}, ExitUsage, "want HOST PHASE, got 1 argument(s)"},
 		{"too many", []string{"h1", "join", "extra"}, ExitUsage, "want HOST PHASE, got 3 argument(s)"},
 		{"unknown flag (no --show-secrets)", []string{"--show-secrets", "h1", "join"}, ExitUsage, "flag provided but not defined: -show-secrets"},

@@ -35,7 +35,7 @@ func Sign(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	keyFile := fs.String("key", "", "OpenSSH private key file to sign with (unencrypted; e.g. from ssh-keygen -t ed25519)")
 	manifest := fs.Bool("manifest", false, "sign v2 manifests (phase, profile@version, script SHA-256, not-after) instead of the bare scripts")
 	notAfter := fs.String("not-after", "720h", "with -manifest: validity, a duration from now (720h) or a time (2027-01-31T00:00:00Z)")
-	phases := fs.String("phases", "install,join,leave,uninstall", "phases to sign (those the profile has)")
+	phases := fs.String("phases", "install,join,leave,uninstall,reboot", "phases to sign (those the profile has; reboot: scripts.reboot or the default reboot)")
 	var params paramFlags
 	fs.Var(&params, "param", "with -manifest: a param policy rule NAME=VALUE, NAME=sha256:HEX or NAME=re:PATTERN (repeatable)")
 	policyFile := fs.String("param-policy", "", "with -manifest: a file of NAME=RULE lines (as -param; # comments)")
@@ -128,7 +128,7 @@ func sign(o signOptions, warn io.Writer) (string, error) {
 	var b strings.Builder
 	b.WriteString("signatures:\n")
 	n := 0
-	for _, ph := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall} {
+	for _, ph := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall, engine.PhaseReboot} {
 		src, ok := profile.Source(p, ph)
 		if !ok || !want[string(ph)] {
 			continue
@@ -197,6 +197,8 @@ func setSignature(s *v1beta1.ProfileSignatures, ph engine.Phase, v string) {
 		s.Leave = v1beta1.Signature(v)
 	case engine.PhaseUninstall:
 		s.Uninstall = v1beta1.Signature(v)
+	case engine.PhaseReboot:
+		s.Reboot = v1beta1.Signature(v)
 	}
 }
 

@@ -94,7 +94,7 @@ func TestSign(t *testing.T) {
 		want string
 	}{
 		{"no key", signOptions{keyFile: filepath.Join(dir, "nope"), profileFile: prof, phases: "join"}, "read key"},
-		{"bad phase", signOptions{keyFile: keyPath, profileFile: prof, phases: "reboot"}, "unknown phase"},
+		{"bad phase", signOptions{keyFile: keyPath, profileFile: prof, phases: "bogus"}, "unknown phase"},
 		{"past", signOptions{keyFile: keyPath, profileFile: prof, phases: "join", manifest: true, notAfter: "2001-01-01T00:00:00Z", now: now}, "past"},
 		{"bad not-after", signOptions{keyFile: keyPath, profileFile: prof, phases: "join", manifest: true, notAfter: "soon", now: now}, "neither"},
 		{"template", signOptions{keyFile: keyPath, profileFile: writeTemp(t, dir, strings.Replace(signProfile, "echo install", "echo {{ .Vars.x }}", 1)), phases: "install"}, "{{"},

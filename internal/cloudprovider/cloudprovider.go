@@ -90,12 +90,6 @@ func (c *CloudProvider) GetSupportedNodeClasses() []status.Object {
 // RepairPolicies implements cloudprovider.CloudProvider.
 func (c *CloudProvider) RepairPolicies() []cloudprovider.RepairPolicy { return RepairPolicies() }
 
-// Reboot implements cloudprovider.CloudProvider. A reboot of a pool host is
-// an operator's act (maintenance annotation), never Karpenter's.
-func (c *CloudProvider) Reboot(context.Context, *karpv1.NodeClaim, string) error {
-	return cloudprovider.NewNodeRebootNotImplementedError()
-}
-
 // nodeClassGK is the group/kind of our node class in nodeClassRefs.
 var nodeClassGK = schema.GroupKind{Group: v1beta1.Group, Kind: "SSHNodeClass"}
 

@@ -921,12 +921,8 @@ func TestIsDrifted(t *testing.T) {
 	}
 }
 
-func TestRebootNotImplemented(t *testing.T) {
+func TestNameAndNodeClasses(t *testing.T) {
 	w := newWorld(t, nil)
-	var ni *cloudprovider.NodeRebootNotImplementedError
-	if err := w.cp.Reboot(context.Background(), newNodeClaim("a"), "op"); !errors.As(err, &ni) {
-		t.Fatalf("reboot: %v", err)
-	}
 	if w.cp.Name() != "ssh" || len(w.cp.GetSupportedNodeClasses()) != 1 {
 		t.Fatal("name / node classes")
 	}

@@ -33,7 +33,7 @@ const (
 // passed: leave (and any phase without a node class in hand) sees only the
 // host's addresses; only join sees the bootstrap token.
 func phaseContext(p Phase, c Context) Context {
-	if p == PhaseLeave {
+	if p.AddressesOnly() {
 		return Context{HostAddress: c.HostAddress, NodeAddress: c.NodeAddress}
 	}
 	out := c
@@ -110,7 +110,7 @@ func Env(p Phase, c Context, withSecrets bool) map[string]string {
 		EnvNodeLabels:      c.NodeLabels,
 		EnvTaints:          c.Taints,
 	}
-	if p == PhaseLeave {
+	if p.AddressesOnly() {
 		return env
 	}
 	for k, v := range c.Vars {

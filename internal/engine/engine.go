@@ -27,16 +27,47 @@ const (
 	PhaseJoin      Phase = "join"
 	PhaseLeave     Phase = "leave"
 	PhaseUninstall Phase = "uninstall"
+	// PhaseReboot restarts a joined host in place; like leave it gets only
+	// the host's addresses.
+	PhaseReboot Phase = "reboot"
 )
 
 // Valid reports whether p is a known phase.
 func (p Phase) Valid() bool {
 	switch p {
-	case PhaseInstall, PhaseJoin, PhaseLeave, PhaseUninstall:
+	case PhaseInstall, PhaseJoin, PhaseLeave, PhaseUninstall, PhaseReboot:
 		return true
 	}
 	return false
 }
+
+// AddressesOnly reports whether the phase gets only the host's addresses
+// (no vars, secrets, token or cluster data): leave, which must work without
+// a node class, and reboot, which needs nothing more.
+func (p Phase) AddressesOnly() bool { return p == PhaseLeave || p == PhaseReboot }
+
+// DefaultRebootScript is the reboot phase of a profile that has none: it
+// schedules the reboot 2 s out, so the SSH session (and the phase) ends
+// cleanly before the host goes down, and refuses when the kubelet would not
+// start again after it.
+const DefaultRebootScript = `# kpssh default reboot (a profile without a reboot phase gets this one)
+if systemctl cat kubelet.service >/dev/null 2>&1; then
+  state=$(systemctl is-enabled kubelet.service 2>/dev/null || true)
+  case $state in
+  enabled | enabled-runtime | static | indirect | alias | generated) ;;
+  *)
+    echo "kubelet.service is ${state:-unknown}, not enabled: after a reboot the node would not come back (the join phase must enable it)" >&2
+    exit 1
+    ;;
+  esac
+fi
+if command -v systemd-run >/dev/null 2>&1; then
+  systemd-run --quiet --collect --on-active=2 --timer-property=AccuracySec=100ms systemctl reboot
+else
+  nohup sh -c 'sleep 2; reboot' >/dev/null 2>&1 &
+fi
+echo "reboot scheduled in 2s"
+`
 
 // Connection is how to reach the host.
 type Connection struct {

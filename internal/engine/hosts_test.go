@@ -870,7 +870,7 @@ func TestConfigErrorsBeforeHost(t *testing.T) {
 		"template error":   {Phase: PhaseJoin, Conn: conn, Source: Source{Script: "{{ .Vars.missing }}"}},
 		"leave with vars":  {Phase: PhaseLeave, Conn: conn, Source: Source{Script: "{{ .Vars.x }}"}},
 		"missing host key": {Phase: PhaseJoin, Conn: Connection{Address: "192.0.2.1", PrivateKey: conn.PrivateKey}, Source: Source{Script: "true"}},
-		"unknown phase":    {Phase: "reboot", Conn: conn, Source: Source{Script: "true"}},
+		"unknown phase":    {Phase: "bogus", Conn: conn, Source: Source{Script: "true"}},
 		"not a task list":  {Phase: PhaseJoin, Conn: conn, Source: Source{Tasks: "command: x"}},
 	} {
 		r := e.Run(context.Background(), req)

@@ -181,7 +181,7 @@ func connPort(c Connection) int32 {
 // bundle, for the run directory rc.dir. It never touches the filesystem.
 func build(req Request, rc renderConfig) (*bundle, error) {
 	if !req.Phase.Valid() {
-		return nil, fmt.Errorf("unknown phase %q (want install, join, leave or uninstall)", req.Phase)
+		return nil, fmt.Errorf("unknown phase %q (want install, join, leave, uninstall or reboot)", req.Phase)
 	}
 	if err := validate(req.Phase, req.Source, !rc.noTaskCheck); err != nil {
 		return nil, err
@@ -461,7 +461,7 @@ func ansiblePlaybook(req Request, ctx Context, rc renderConfig, k kind) string {
 	for _, e := range ansibleEnvNames {
 		fmt.Fprintf(&b, "    %s: \"{{ kpssh['%s'] }}\"\n", e.env, e.key)
 	}
-	if req.Phase != PhaseLeave {
+	if !req.Phase.AddressesOnly() {
 		for _, k := range sortedKeys(ctx.Vars) {
 			fmt.Fprintf(&b, "    %s%s: \"{{ kpssh_vars['%s'] }}\"\n", EnvVarPrefix, k, k)
 		}
@@ -507,7 +507,7 @@ func varsFile(p Phase, ctx Context) (string, error) {
 		name string
 		vals map[string]string
 	}{{"kpssh_vars", ctx.Vars}, {"kpssh_secrets", ctx.Secrets}} {
-		if p == PhaseLeave || len(m.vals) == 0 {
+		if p.AddressesOnly() || len(m.vals) == 0 {
 			fmt.Fprintf(&b, "%s: {}\n", m.name)
 			continue
 		}

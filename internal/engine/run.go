@@ -281,10 +281,10 @@ func (l *Local) ValidateRole(role string, phase Phase) error {
 	f := filepath.Join(d, "tasks", string(phase)+".yml")
 	data, err := os.ReadFile(f)
 	if err != nil {
-		return fmt.Errorf("role %s (%s) has no tasks/%s.yml", role, d, phase)
+		return &NoRolePhaseError{Role: role, Dir: d, Phase: phase}
 	}
-	if phase == PhaseLeave {
-		return validateLeaveFile("role "+role+" tasks/leave.yml", data)
+	if phase.AddressesOnly() {
+		return validateLeaveFile(phase, "role "+role+" tasks/"+string(phase)+".yml", data)
 	}
 	if err := ValidateTaskList(string(data)); err != nil {
 		return fmt.Errorf("role %s: %s: %w", role, f, err)
@@ -292,10 +292,33 @@ func (l *Local) ValidateRole(role string, phase Phase) error {
 	return nil
 }
 
+// NoRolePhaseError: the role resolves but has no tasks/<phase>.yml.
+type NoRolePhaseError struct {
+	Role, Dir string
+	Phase     Phase
+}
+
+func (e *NoRolePhaseError) Error() string {
+	return fmt.Sprintf("role %s (%s) has no tasks/%s.yml", e.Role, e.Dir, e.Phase)
+}
+
+// rebootSource: reboot is optional in a role too; without tasks/reboot.yml
+// the default runs, as for a profile without a reboot phase. Decided here,
+// where the roles path is (the Job executor's pod runs Local.Run too).
+func (l *Local) rebootSource(req Request) Source {
+	var np *NoRolePhaseError
+	if req.Phase == PhaseReboot && req.Source.Verified == nil && strings.TrimSpace(req.Source.Role) != "" &&
+		errors.As(l.ValidateRole(req.Source.Role, PhaseReboot), &np) {
+		return Source{Script: DefaultRebootScript}
+	}
+	return req.Source
+}
+
 // Run executes one phase and returns its redacted result. It never panics
 // on bad input and always removes its run directory and processes.
 func (l *Local) Run(ctx context.Context, req Request) Result {
 	start := time.Now()
+	req.Source = l.rebootSource(req)
 	red := redactorFor(req)
 	res := l.run(ctx, req, red)
 	res.Duration = time.Since(start)

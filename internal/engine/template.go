@@ -26,7 +26,7 @@ const (
 
 // templateFields lists the top-level template fields a phase may use.
 func templateFields(p Phase) map[string]bool {
-	if p == PhaseLeave {
+	if p.AddressesOnly() {
 		return map[string]bool{fHostAddress: true, fNodeAddress: true}
 	}
 	m := map[string]bool{
@@ -84,8 +84,8 @@ func renderScript(p Phase, body string, c Context) (string, error) {
 	}
 	var buf bytes.Buffer
 	if err := t.Execute(&buf, templateData(p, c)); err != nil {
-		if p == PhaseLeave {
-			return "", fmt.Errorf("leave script does not render with the empty context (leave gets only .HostAddress and .NodeAddress): %w", err)
+		if p.AddressesOnly() {
+			return "", fmt.Errorf("%s script does not render with the empty context (%s gets only .HostAddress and .NodeAddress): %w", p, p, err)
 		}
 		return "", fmt.Errorf("%s script does not render: %w", p, err)
 	}
@@ -130,8 +130,8 @@ func (c *refChecker) field(name string) {
 	switch {
 	case !templateFields(PhaseJoin)[name]:
 		c.err = fmt.Errorf("%s script references unknown field .%s (known: .ClusterEndpoint .ClusterCAB64 .BootstrapToken .NodeName .ProviderID .HostAddress .NodeAddress .NodeLabels .Taints .Vars .Secrets)", c.phase, name)
-	case c.phase == PhaseLeave:
-		c.err = fmt.Errorf("leave script references .%s: leave renders with the empty context (only .HostAddress and .NodeAddress) — it must work without a node class", name)
+	case c.phase.AddressesOnly():
+		c.err = fmt.Errorf("%s script references .%s: %s renders with the empty context (only .HostAddress and .NodeAddress) — it must work without a node class", c.phase, name, c.phase)
 	default:
 		c.err = fmt.Errorf("%s script references .%s, which only the join phase gets", c.phase, name)
 	}
@@ -174,8 +174,8 @@ func (c *refChecker) walk(n parse.Node, dotRoot bool) {
 		c.walk(n.ElseList, dotRoot)
 	case *parse.RangeNode:
 		c.pipe(n.Pipe, dotRoot)
-		if c.isRoot(n.Pipe, dotRoot) && c.phase == PhaseLeave && c.err == nil {
-			c.err = fmt.Errorf("leave script ranges over the whole context: leave gets only .HostAddress and .NodeAddress")
+		if c.isRoot(n.Pipe, dotRoot) && c.phase.AddressesOnly() && c.err == nil {
+			c.err = fmt.Errorf("%s script ranges over the whole context: %s gets only .HostAddress and .NodeAddress", c.phase, c.phase)
 			return
 		}
 		c.walk(n.List, false)
@@ -226,8 +226,8 @@ func (c *refChecker) command(cmd *parse.CommandNode, dotRoot bool) {
 			if len(cmd.Args) >= 3 {
 				if s, ok := cmd.Args[2].(*parse.StringNode); ok {
 					c.field(s.Text)
-				} else if c.err == nil && c.phase == PhaseLeave {
-					c.err = fmt.Errorf("leave script indexes the context with a computed key: leave gets only .HostAddress and .NodeAddress")
+				} else if c.err == nil && c.phase.AddressesOnly() {
+					c.err = fmt.Errorf("%s script indexes the context with a computed key: %s gets only .HostAddress and .NodeAddress", c.phase, c.phase)
 				}
 			}
 		}

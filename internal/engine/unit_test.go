@@ -233,7 +233,7 @@ func TestValidateTable(t *testing.T) {
 		{"script too big", PhaseJoin, Source{Script: strings.Repeat("#", MaxSourceBytes+1)}, false, "more than"},
 		{"no source", PhaseJoin, Source{}, false, "no source"},
 		{"two sources", PhaseJoin, Source{Script: "x", Role: "r"}, false, "exactly one"},
-		{"unknown phase", Phase("reboot"), Source{Script: "x"}, false, "unknown phase"},
+		{"unknown phase", Phase("bogus"), Source{Script: "x"}, false, "unknown phase"},
 		{"tasks ok", PhaseJoin, Source{Tasks: "- name: a\n  ansible.builtin.command: /bin/true\n"}, true, ""},
 		{"tasks not yaml", PhaseJoin, Source{Tasks: "- name: [unclosed\n"}, false, "YAML"},
 		{"tasks mapping", PhaseJoin, Source{Tasks: "name: x\ncommand: y\n"}, false, "list"},

@@ -35,7 +35,7 @@ func Validate(phase Phase, src Source) error { return validate(phase, src, true)
 // own attack tests) skips CheckInlineTasks.
 func validate(phase Phase, src Source, checkInline bool) error {
 	if !phase.Valid() {
-		return fmt.Errorf("unknown phase %q (want install, join, leave or uninstall)", phase)
+		return fmt.Errorf("unknown phase %q (want install, join, leave, uninstall or reboot)", phase)
 	}
 	if src.Verified != nil {
 		return VerifySignature(phase, src)
@@ -67,8 +67,8 @@ func validate(phase Phase, src Source, checkInline bool) error {
 				return fmt.Errorf("%s tasks: %w", phase, err)
 			}
 		}
-		if phase == PhaseLeave {
-			return checkLeaveJinja("leave tasks", src.Tasks)
+		if phase.AddressesOnly() {
+			return checkLeaveJinja(phase, string(phase)+" tasks", src.Tasks)
 		}
 		return nil
 	default:
@@ -89,7 +89,7 @@ func validateScript(phase Phase, body string) error {
 	if _, err := parseScript(phase, body); err != nil {
 		return err
 	}
-	if phase == PhaseLeave {
+	if phase.AddressesOnly() {
 		// The static walk covers branches not taken; rendering with the
 		// empty context covers anything it cannot see.
 		if _, err := renderScript(phase, body, Context{HostAddress: "192.0.2.1", NodeAddress: "192.0.2.1"}); err != nil {
@@ -186,14 +186,14 @@ var (
 // checkLeaveJinja scans a leave task file for references to values leave
 // does not get. It is a lexical check (it also fires inside comments), which
 // errs on the side of rejecting.
-func checkLeaveJinja(what, text string) error {
+func checkLeaveJinja(ph Phase, what, text string) error {
 	if m := leaveVarsRE.FindString(text); m != "" {
-		return fmt.Errorf("%s reference %s: leave renders with the empty context (only kpssh.host_address and kpssh.node_address) — it must work without a node class", what, m)
+		return fmt.Errorf("%s reference %s: %s renders with the empty context (only kpssh.host_address and kpssh.node_address) — it must work without a node class", what, m, ph)
 	}
 	for _, re := range []*regexp.Regexp{kpsshAttrRE, kpsshIndexRE} {
 		for _, m := range re.FindAllStringSubmatch(text, -1) {
 			if !leaveAllowedVar[m[2]] {
-				return fmt.Errorf("%s reference kpssh.%s: leave gets only kpssh.host_address and kpssh.node_address", what, m[2])
+				return fmt.Errorf("%s reference kpssh.%s: %s gets only kpssh.host_address and kpssh.node_address", what, m[2], ph)
 			}
 		}
 	}
@@ -201,11 +201,11 @@ func checkLeaveJinja(what, text string) error {
 }
 
 // validateLeaveFile applies the leave scan to a role's tasks/leave.yml.
-func validateLeaveFile(what string, data []byte) error {
+func validateLeaveFile(ph Phase, what string, data []byte) error {
 	if err := ValidateTaskList(string(bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")))); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	return checkLeaveJinja(what, string(data))
+	return checkLeaveJinja(ph, what, string(data))
 }
 
 // Inline task lists come from the API (SSHJoinProfile spec.ansible.tasks):

@@ -269,11 +269,11 @@ func PhasePolicy(p Phase, rules map[string]envelope.ParamRule) map[string]envelo
 	}
 	empty := envelope.ParamRule{Kind: envelope.RuleValue}
 	for _, k := range []string{EnvClusterEndpoint, EnvClusterCAB64, EnvBootstrapToken, EnvNodeName, EnvProviderID, EnvNodeLabels, EnvTaints} {
-		if p == PhaseLeave || (k == EnvBootstrapToken && p != PhaseJoin) {
+		if p.AddressesOnly() || (k == EnvBootstrapToken && p != PhaseJoin) {
 			out[k] = empty
 		}
 	}
-	if p == PhaseLeave {
+	if p.AddressesOnly() {
 		for k := range out {
 			if strings.HasPrefix(k, EnvVarPrefix) || strings.HasPrefix(k, EnvSecretPrefix) {
 				delete(out, k)

@@ -55,7 +55,7 @@ func TestMarshalRejects(t *testing.T) {
 		want string
 	}{
 		{"version", func(e *Envelope) { e.Version = 3 }, "version"},
-		{"phase", func(e *Envelope) { e.Phase = "reboot" }, "unknown phase"},
+		{"phase", func(e *Envelope) { e.Phase = "bogus" }, "unknown phase"},
 		{"unprefixed param", func(e *Envelope) { e.Params = map[string]string{"PATH": "/tmp"} }, "not KPSSH_"},
 		{"BASH_ENV", func(e *Envelope) { e.Params = map[string]string{"BASH_ENV": "/tmp/x"} }, "not KPSSH_"},
 		{"bare prefix", func(e *Envelope) { e.Params = map[string]string{"KPSSH_": "x"} }, "not KPSSH_"},
@@ -138,7 +138,7 @@ func TestManifest(t *testing.T) {
 	}
 	for _, bad := range [][]byte{
 		bytes.Replace(m, []byte("Z\n"), []byte("+00:00\n"), 1),
-		bytes.Replace(m, []byte("phase: join"), []byte("phase: reboot"), 1),
+		bytes.Replace(m, []byte("phase: join"), []byte("phase: bogus"), 1),
 		append(m, "extra: 1\n"...),
 		bytes.TrimSuffix(m, []byte("\n")),
 		bytes.Replace(m, []byte("kpssh-manifest: 2"), []byte("kpssh-manifest: 1"), 1),

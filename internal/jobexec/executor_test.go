@@ -357,7 +357,7 @@ func TestRunFailures(t *testing.T) {
 func TestRunRefusesBadRequests(t *testing.T) {
 	fc := newFake(t)
 	e := newExec(t, fc)
-	for _, req := range []engine.Request{{Phase: "reboot"}, {Phase: engine.PhaseLeave, Timeout: -time.Second}} {
+	for _, req := range []engine.Request{{Phase: "bogus"}, {Phase: engine.PhaseLeave, Timeout: -time.Second}} {
 		if res := e.Run(context.Background(), req); res.Outcome != engine.ConfigError {
 			t.Errorf("%+v: %+v", req, res)
 		}

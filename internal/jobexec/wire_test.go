@@ -90,7 +90,7 @@ func TestDecodeInputRefuses(t *testing.T) {
 		{"empty", nil, "not a kpssh phase request"},
 		{"not json", []byte("phase: join"), "not a kpssh phase request"},
 		{"version", with("version", 2), "input version 2"},
-		{"phase", with("phase", "reboot"), `phase "reboot"`},
+		{"phase", with("phase", "bogus"), `phase "bogus"`},
 		{"unknown field", with("surprise", 1), "unknown field"},
 		{"negative timeout", with("timeoutNs", -1), "negative"},
 		{"trailing", append(append([]byte{}, good...), []byte(" {}")...), "trailing"},
@@ -110,7 +110,7 @@ func TestDecodeInputRefuses(t *testing.T) {
 			}
 		})
 	}
-	if _, err := EncodeInput(engine.Request{Phase: "reboot"}); err == nil {
+	if _, err := EncodeInput(engine.Request{Phase: "bogus"}); err == nil {
 		t.Error("EncodeInput took an unknown phase")
 	}
 }

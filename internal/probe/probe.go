@@ -21,7 +21,7 @@ const DefaultTimeout = 30 * time.Second
 
 // rawCommand prints one key=value line per fact; the `|| true` keeps a host
 // without systemctl (or with kubelet unknown) from failing the whole probe.
-const rawCommand = `echo "nproc=$(nproc)"; echo "memtotal_kb=$(awk '/^MemTotal:/{print $2}' /proc/meminfo)"; echo "arch=$(uname -m)"; echo "kubelet=$(systemctl is-active kubelet 2>/dev/null || true)"; echo "kubelet_enabled=$(systemctl is-enabled kubelet 2>/dev/null || true)"; echo "ssh_connection=${SSH_CONNECTION:-}"`
+const rawCommand = `echo "nproc=$(nproc)"; echo "memtotal_kb=$(awk '/^MemTotal:/{print $2}' /proc/meminfo)"; echo "arch=$(uname -m)"; echo "kubelet=$(systemctl is-active kubelet 2>/dev/null || true)"; echo "kubelet_enabled=$(systemctl is-enabled kubelet 2>/dev/null || true)"; echo "ssh_connection=${SSH_CONNECTION:-}"; echo "boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || true)"`
 
 // ShimCommandPattern is what spec.shimCommand may hold: words of letters,
 // digits and /._+=,@- separated by single spaces ("kpssh-shim",
@@ -80,7 +80,13 @@ type Facts struct {
 	// unspecified, a zoned link-local). sshd reports the address the
 	// connection arrived on, past any NAT: the one a kubelet would advertise.
 	NodeIP string
+	// BootID is /proc/sys/kernel/random/boot_id (the kubelet reports the
+	// same as the Node's bootID), "" when unknown: it changes with every
+	// boot, which is how an in-place reboot is seen to have happened.
+	BootID string
 }
+
+var bootIDRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
 // KubeletMayRun reports whether a kubelet runs or will start by itself (an
 // unclaimed host with one is a zombie, not Available).
@@ -109,7 +115,7 @@ func Parse(out string) (Facts, error) {
 			continue
 		}
 		switch k {
-		case "nproc", "memtotal_kb", "arch", "kubelet", "kubelet_enabled", "ssh_connection":
+		case "nproc", "memtotal_kb", "arch", "kubelet", "kubelet_enabled", "ssh_connection", "boot_id":
 			vals[k] = strings.TrimSpace(v)
 		}
 	}
@@ -135,6 +141,9 @@ func Parse(out string) (Facts, error) {
 		f.KubeletEnabled = true
 	}
 	f.NodeIP = serverIP(vals["ssh_connection"])
+	if b := vals["boot_id"]; bootIDRE.MatchString(b) {
+		f.BootID = b
+	}
 	return f, nil
 }
 

@@ -26,20 +26,31 @@ const (
 	DefaultJoinTimeout      = 5 * time.Minute
 	DefaultLeaveTimeout     = 3 * time.Minute
 	DefaultUninstallTimeout = 10 * time.Minute
+	DefaultRebootTimeout    = 2 * time.Minute
 )
 
 // requiredPhases must be present in every profile; uninstall is optional
 // (the controller never runs it).
 var requiredPhases = []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave}
 
-var allPhases = []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall}
+var allPhases = []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall, engine.PhaseReboot}
 
 // Source returns the engine source of one phase; ok=false when the profile
 // has nothing for that phase (e.g. no uninstall), or when its source is
 // ambiguous (the CRD rejects that; running one of two guesses would be worse).
 // A role profile answers every phase with the role: whether the role has
-// tasks/<phase>.yml is for the engine (RoleValidator) to decide.
+// tasks/<phase>.yml is for the engine (RoleValidator) to decide. A profile
+// without a reboot phase answers reboot with engine.DefaultRebootScript (the
+// engine does the same for a role without tasks/reboot.yml).
 func Source(p *v1beta1.SSHJoinProfile, phase engine.Phase) (engine.Source, bool) {
+	src, ok := source(p, phase)
+	if !ok && phase == engine.PhaseReboot && p != nil && checkOneSource(p) == nil {
+		return engine.Source{Script: engine.DefaultRebootScript}, true
+	}
+	return src, ok
+}
+
+func source(p *v1beta1.SSHJoinProfile, phase engine.Phase) (engine.Source, bool) {
 	if p == nil || !phase.Valid() {
 		return engine.Source{}, false
 	}
@@ -63,8 +74,10 @@ func Source(p *v1beta1.SSHJoinProfile, phase engine.Phase) (engine.Source, bool)
 
 // byPhase picks phase's field of a per-phase struct (the zero value for an
 // unknown phase).
-func byPhase[T any](phase engine.Phase, install, join, leave, uninstall T) (zero T) {
+func byPhase[T any](phase engine.Phase, install, join, leave, uninstall, reboot T) (zero T) {
 	switch phase {
+	case engine.PhaseReboot:
+		return reboot
 	case engine.PhaseInstall:
 		return install
 	case engine.PhaseJoin:
@@ -78,15 +91,15 @@ func byPhase[T any](phase engine.Phase, install, join, leave, uninstall T) (zero
 }
 
 func pickScript(s *v1beta1.ProfileScripts, phase engine.Phase) v1beta1.Script {
-	return byPhase(phase, s.Install, s.Join, s.Leave, s.Uninstall)
+	return byPhase(phase, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
 }
 
 func pickTasks(t *v1beta1.ProfileTasks, phase engine.Phase) v1beta1.TaskList {
-	return byPhase(phase, t.Install, t.Join, t.Leave, t.Uninstall)
+	return byPhase(phase, t.Install, t.Join, t.Leave, t.Uninstall, t.Reboot)
 }
 
 func pickSignature(s *v1beta1.ProfileSignatures, phase engine.Phase) v1beta1.Signature {
-	return byPhase(phase, s.Install, s.Join, s.Leave, s.Uninstall)
+	return byPhase(phase, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
 }
 
 // durationRE is the CRD's pattern; ParseDuration alone would also take
@@ -115,6 +128,11 @@ func Timeout(p *v1beta1.SSHJoinProfile, phase engine.Phase) time.Duration {
 		def = DefaultLeaveTimeout
 		if p != nil {
 			raw = p.Spec.Timeouts.Leave
+		}
+	case engine.PhaseReboot:
+		def = DefaultRebootTimeout
+		if p != nil {
+			raw = p.Spec.Timeouts.Reboot
 		}
 	default: // uninstall has no field; an unknown phase gets the longest bound
 		def = DefaultUninstallTimeout
@@ -161,12 +179,19 @@ func VerifiedSource(p *v1beta1.SSHJoinProfile, ph engine.Phase, h *v1beta1.SSHHo
 		return engine.Source{}, fmt.Errorf("join profile %s is not a scripts profile: Verified hosts run signed scripts only", p.Name)
 	}
 	body := string(pickScript(p.Spec.Scripts, ph))
-	if strings.TrimSpace(body) == "" {
-		return engine.Source{}, fmt.Errorf("join profile %s has no %s script", p.Name, ph)
-	}
 	var sig v1beta1.Signature
 	if s := p.Spec.Signatures; s != nil {
 		sig = pickSignature(s, ph)
+	}
+	if strings.TrimSpace(body) == "" && ph == engine.PhaseReboot {
+		// kpssh sign signs the default when scripts.reboot is absent.
+		if strings.TrimSpace(string(sig)) == "" {
+			return engine.Source{}, fmt.Errorf("join profile %s has no signatures.reboot: the shim runs signed scripts only, and the default reboot is signed like any other (kpssh sign -phases ...,reboot signs scripts.reboot, or the default when there is none)", p.Name)
+		}
+		body = engine.DefaultRebootScript
+	}
+	if strings.TrimSpace(body) == "" {
+		return engine.Source{}, fmt.Errorf("join profile %s has no %s script", p.Name, ph)
 	}
 	if strings.TrimSpace(string(sig)) == "" {
 		return engine.Source{}, fmt.Errorf("join profile %s has no signatures.%s (sign it with kpssh sign)", p.Name, ph)
@@ -318,6 +343,11 @@ func Validate(p *v1beta1.SSHJoinProfile, roles RoleValidator) error {
 				return phaseErr(ph, err)
 			}
 		}
+		// reboot is optional: a role without tasks/reboot.yml gets the default.
+		var np *engine.NoRolePhaseError
+		if err := roles.ValidateRole(a.Role, engine.PhaseReboot); err != nil && !errors.As(err, &np) {
+			return phaseErr(engine.PhaseReboot, err)
+		}
 	}
 	if carriesSignatures(p) {
 		if p.Spec.Scripts == nil {
@@ -350,7 +380,7 @@ func checkOneSource(p *v1beta1.SSHJoinProfile) error {
 
 func carriesSignatures(p *v1beta1.SSHJoinProfile) bool {
 	sg := p.Spec.Signatures
-	return sg != nil && (sg.Install != "" || sg.Join != "" || sg.Leave != "" || sg.Uninstall != "")
+	return sg != nil && (sg.Install != "" || sg.Join != "" || sg.Leave != "" || sg.Uninstall != "" || sg.Reboot != "")
 }
 
 // phaseErr makes sure the message starts with the phase name (the engine's

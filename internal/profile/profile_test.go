@@ -66,7 +66,13 @@ func TestSource(t *testing.T) {
 		{"tasks uninstall", tasks("ti", "tj", "tl", "tu"), engine.PhaseUninstall, engine.Source{Tasks: "tu"}, true},
 		{"role install", role("ns.coll.r"), engine.PhaseInstall, engine.Source{Role: "ns.coll.r"}, true},
 		{"role uninstall", role("r"), engine.PhaseUninstall, engine.Source{Role: "r"}, true},
-		{"unknown phase", scripts("i", "j", "l", ""), engine.Phase("reboot"), engine.Source{}, false},
+		{"unknown phase", scripts("i", "j", "l", ""), engine.Phase("bogus"), engine.Source{}, false},
+		{"script no reboot: the default", scripts("i", "j", "l", ""), engine.PhaseReboot, engine.Source{Script: engine.DefaultRebootScript}, true},
+		{"tasks no reboot: the default", tasks("ti", "tj", "tl", ""), engine.PhaseReboot, engine.Source{Script: engine.DefaultRebootScript}, true},
+		{"script reboot", with(scripts("i", "j", "l", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Scripts.Reboot = "r" }), engine.PhaseReboot, engine.Source{Script: "r"}, true},
+		{"tasks reboot", with(tasks("ti", "tj", "tl", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible.Tasks.Reboot = "tr" }), engine.PhaseReboot, engine.Source{Tasks: "tr"}, true},
+		{"role reboot (the engine falls back without tasks/reboot.yml)", role("r"), engine.PhaseReboot, engine.Source{Role: "r"}, true},
+		{"no source, no default reboot", &v1beta1.SSHJoinProfile{}, engine.PhaseReboot, engine.Source{}, false},
 		{"nil profile", nil, engine.PhaseJoin, engine.Source{}, false},
 		{"no source", &v1beta1.SSHJoinProfile{}, engine.PhaseJoin, engine.Source{}, false},
 		{"both sources", both, engine.PhaseJoin, engine.Source{}, false},
@@ -191,6 +197,10 @@ func TestParseMarker(t *testing.T) {
 }
 
 // fakeRoles answers ValidateRole from a table and records the calls.
+func rebootScript(r string) func(*v1beta1.SSHJoinProfile) {
+	return func(p *v1beta1.SSHJoinProfile) { p.Spec.Scripts.Reboot = v1beta1.Script(r) }
+}
+
 type fakeRoles struct {
 	errs  map[engine.Phase]error
 	calls []string
@@ -231,6 +241,17 @@ func TestValidate(t *testing.T) {
 		{name: "leave uses vars via $", p: scripts("i", "j", "{{ with .HostAddress }}{{ $.Vars.x }}{{ end }}", ""), want: ".Vars", wantPrefix: "leave"},
 		{name: "leave tasks use kpssh_vars", p: tasks(task, task, "- ansible.builtin.debug:\n    msg: \"{{ kpssh_vars.x }}\"\n", ""), want: "kpssh_vars", wantPrefix: "leave"},
 		{name: "install bad template", p: scripts("echo {{ .Vars.x ", "j", "l", ""), want: "not a valid template", wantPrefix: "install"},
+		// reboot is optional, and like leave gets only the addresses.
+		{name: "reboot script", p: with(scripts("i", "j", "l", ""), rebootScript("systemctl reboot # {{ .HostAddress }}"))},
+		{name: "reboot uses vars", p: with(scripts("i", "j", "l", ""), rebootScript("echo {{ .Vars.x }}")), want: ".Vars", wantPrefix: "reboot"},
+		{name: "reboot uses the token", p: with(scripts("i", "j", "l", ""), rebootScript("echo {{ .BootstrapToken }}")), want: ".BootstrapToken", wantPrefix: "reboot"},
+		{name: "reboot bad template", p: with(scripts("i", "j", "l", ""), rebootScript("echo {{ .HostAddress ")), want: "not a valid template", wantPrefix: "reboot"},
+		{name: "reboot tasks not a list", p: with(tasks(task, task, task, ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible.Tasks.Reboot = "reboot: now" }), want: "reboot tasks", wantPrefix: "reboot"},
+		{name: "reboot tasks use kpssh_secrets", p: with(tasks(task, task, task, ""), func(p *v1beta1.SSHJoinProfile) {
+			p.Spec.Ansible.Tasks.Reboot = "- ansible.builtin.debug:\n    msg: \"{{ kpssh_secrets.x }}\"\n"
+		}), want: "kpssh_secrets", wantPrefix: "reboot"},
+		{name: "role without reboot.yml: the default", p: role("tls_bootstrap"), roles: &fakeRoles{errs: map[engine.Phase]error{engine.PhaseReboot: &engine.NoRolePhaseError{Role: "tls_bootstrap", Phase: engine.PhaseReboot}}}},
+		{name: "role with a bad reboot.yml", p: role("tls_bootstrap"), roles: &fakeRoles{errs: map[engine.Phase]error{engine.PhaseReboot: errors.New("role tls_bootstrap tasks/reboot.yml: not valid YAML")}}, want: "reboot.yml", wantPrefix: "reboot"},
 		{name: "install uses token", p: scripts("echo {{ .BootstrapToken }}", "j", "l", ""), want: "only the join phase", wantPrefix: "install"},
 		{name: "join unknown field", p: scripts("i", "{{ .Nope }}", "l", ""), want: "unknown field .Nope", wantPrefix: "join"},
 		{name: "uninstall checked too", p: scripts("i", "j", "l", "{{ .Broken"), want: "not a valid template", wantPrefix: "uninstall"},
@@ -275,7 +296,7 @@ func TestValidateRoleCalls(t *testing.T) {
 	if err := Validate(role("tls_bootstrap"), f); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"tls_bootstrap/install", "tls_bootstrap/join", "tls_bootstrap/leave"}
+	want := []string{"tls_bootstrap/install", "tls_bootstrap/join", "tls_bootstrap/leave", "tls_bootstrap/reboot"}
 	if !reflect.DeepEqual(f.calls, want) {
 		t.Fatalf("ValidateRole calls = %v, want %v", f.calls, want)
 	}

@@ -39,6 +39,7 @@ func TestE2E(t *testing.T) {
 		run  func(*world, *state)
 	}{
 		{"ScaleUp", scaleUp},
+		{"RebootInPlace", rebootInPlace}, // rebootinplace_test.go
 		{"Consolidation", consolidation},
 		{"Reboot", reboot},
 		{"ZombieGuard", zombieGuard},

@@ -981,3 +981,48 @@ except OSError as e:
 		assertWorldGone(t, inv)
 	}
 }
+
+// A reboot inside a host (what kpssh's default reboot phase does) ends its
+// systemd-nspawn with 133; the launcher boots it again on the same disk: a
+// new boot id, sshd back, the inventory's PID 1 the new one, and stop/start
+// still reach the running nspawn.
+func TestRebootInsideHost(t *testing.T) {
+	t.Parallel()
+	w := hostenv.Up(t, 1)
+	bootID := func() string {
+		out, _, err := w.Run(0, "cat /proc/sys/kernel/random/boot_id")
+		if err != nil {
+			return ""
+		}
+		return strings.TrimSpace(out)
+	}
+	before, pid := bootID(), w.Host(0).PID
+	if before == "" || pid == 0 {
+		t.Fatalf("boot id %q, pid %d", before, pid)
+	}
+	w.MustRun(0, "touch /root/kept && systemd-run --quiet --collect --on-active=1 systemctl reboot")
+	deadline := time.Now().Add(2 * time.Minute)
+	var after string
+	for time.Now().Before(deadline) {
+		if after = bootID(); after != "" && after != before {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if after == "" || after == before {
+		t.Fatalf("host did not come back from an in-container reboot (boot id %q → %q)", before, after)
+	}
+	w.MustRun(0, "test -f /root/kept") // same disk
+	w.Refresh()
+	if p := w.Host(0).PID; p == 0 || p == pid {
+		t.Fatalf("inventory PID 1 %d after the reboot (before %d)", p, pid)
+	}
+	w.Stop(0)
+	if _, _, err := w.Run(0, "true"); err == nil {
+		t.Fatal("host still answers after stop")
+	}
+	w.Start(0)
+	if got := bootID(); got == "" || got == after {
+		t.Fatalf("boot id after stop/start %q (was %q)", got, after)
+	}
+}

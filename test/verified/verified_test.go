@@ -417,7 +417,7 @@ func TestVerifiedHost(t *testing.T) {
 			{"raw script", "bash -s", []byte(markScript), 4},
 			{"raw script, shim command", "kpssh-shim run", []byte(markScript), 4},
 			{"truncated envelope", "kpssh-shim run", good[:len(good)/2], 4},
-			{"unknown phase", "kpssh-shim run", replaceLine(good, "phase", "reboot"), 5},
+			{"unknown phase", "kpssh-shim run", replaceLine(good, "phase", "bogus"), 5},
 		}
 		for _, c := range cases {
 			rc, out := f.sshAsKpssh(c.cmd, c.in)
@@ -573,6 +573,56 @@ func TestVerifiedHost(t *testing.T) {
 	t.Run("no temp files left", func(t *testing.T) {
 		if out := f.w.MustRun(0, "ls -d /run/kpssh-shim.* /tmp/kpssh-shim.* 2>/dev/null | wc -l"); out != "0" {
 			t.Fatalf("shim temp dirs left: %s", out)
+		}
+	})
+
+	// Last: it reboots the host. A profile without scripts.reboot whose
+	// signatures.reboot signs kpssh's default reboot: the shim runs the
+	// default as signed, and the host comes back with a new boot id. Without
+	// the signature: refused before any connection, naming it.
+	t.Run("signed default reboot", func(t *testing.T) {
+		h := w.Host(0)
+		host := &v1beta1.SSHHost{ObjectMeta: metav1.ObjectMeta{Name: "h1", Namespace: "pool"}, Spec: v1beta1.SSHHostSpec{
+			Address: h.Address, Port: int32(h.Port), User: "kpssh", SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"},
+			ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{v1beta1.TrustedSigner(f.signer.pub)}},
+			Status: v1beta1.SSHHostStatus{HostKeyFingerprint: h.Fingerprint}}
+		c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "pool", Name: "key"}, Data: map[string][]byte{"privateKey": f.login.priv}}).Build()
+		r := phase.New(f.e, hostkey.New(c), nil)
+		prof := &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: profileName}, Spec: v1beta1.SSHJoinProfileSpec{Version: "3",
+			Scripts: &v1beta1.ProfileScripts{Install: "set -euo pipefail\n", Join: v1beta1.Script(joinScript), Leave: "set -euo pipefail\n"}}}
+		rctx := engine.Context{HostAddress: h.Address, NodeAddress: h.Address}
+		cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		out := r.Run(cctx, host, prof, engine.PhaseReboot, rctx, nil)
+		if out.Outcome != engine.ConfigError || !strings.Contains(out.Message, "signatures.reboot") {
+			t.Fatalf("unsigned reboot on a Verified host: %s: %s", out.Outcome, out.Message)
+		}
+		bootID := func() string {
+			o, _, err := f.w.Run(0, "cat /proc/sys/kernel/random/boot_id")
+			if err != nil {
+				return ""
+			}
+			return strings.TrimSpace(o)
+		}
+		before := bootID()
+		prof.Spec.Signatures = &v1beta1.ProfileSignatures{Reboot: v1beta1.Signature(signed(now.Add(-2*time.Hour), "reboot", engine.DefaultRebootScript).Signature)}
+		if out := r.Run(cctx, host, prof, engine.PhaseReboot, rctx, nil); !out.OK() {
+			t.Fatalf("signed default reboot: %s: %s", out.Outcome, out.Message)
+		}
+		deadline := time.Now().Add(2 * time.Minute)
+		for after := bootID(); after == "" || after == before; after = bootID() {
+			if time.Now().After(deadline) {
+				t.Fatalf("the host did not reboot (boot id %q)", before)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		// The shim's probe op reports the new boot id.
+		cmd, _ := probe.Command(true, "")
+		rc, pout := f.sshAsKpssh(cmd, nil)
+		facts, err := probe.Parse(pout)
+		if rc != 0 || err != nil || facts.BootID == "" || facts.BootID == before {
+			t.Fatalf("probe op after the reboot: rc %d, %v, boot id %q (before %q)", rc, err, facts.BootID, before)
 		}
 	})
 }

@@ -64,6 +64,9 @@ type Controller struct {
 	Timeout   time.Duration
 	// Concurrency bounds simultaneous reconciles, hence probes.
 	Concurrency int
+	// RebootPoll and RebootTimeout drive the watch of a rebooting claimed
+	// host (0: DefaultRebootPoll, DefaultRebootTimeout).
+	RebootPoll, RebootTimeout time.Duration
 }
 
 // New returns a Controller with the default providers.

@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/karpenter/pkg/events"
@@ -17,7 +18,21 @@ const (
 	ReasonZombieLeaveFailed = "ZombieLeaveFailed"
 	ReasonForeignKubelet    = "ForeignKubelet"
 	ReasonDuplicateHost     = "DuplicateHost"
+	ReasonRebootReturned    = "RebootReturned"
+	ReasonRebootLost        = "RebootLost"
 )
+
+func rebootReturned(h *v1beta1.SSHHost, op string, took time.Duration) events.Event {
+	return events.Event{InvolvedObject: h, Type: corev1.EventTypeNormal, Reason: ReasonRebootReturned,
+		Message:      fmt.Sprintf("host back from reboot %s after %s; still claimed", op, took.Round(time.Second)),
+		DedupeValues: []string{string(h.UID), op}}
+}
+
+func rebootLost(h *v1beta1.SSHHost, op, msg string) events.Event {
+	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonRebootLost,
+		Message:      fmt.Sprintf("reboot %s: %s; Unhealthy, the claim kept until the host returns or Karpenter replaces the node", op, msg),
+		DedupeValues: []string{string(h.UID), op}}
+}
 
 func capacityDrift(h *v1beta1.SSHHost, shortfall string) events.Event {
 	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonCapacityDrift,

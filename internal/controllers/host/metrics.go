@@ -24,7 +24,18 @@ const (
 	ProbeError   = "error"
 )
 
+// Reboot watch outcomes (label values of kpssh_host_reboot_seconds).
+const (
+	RebootReturned = "returned"
+	RebootLost     = "lost"
+)
+
 var (
+	rebootSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kpssh_host_reboot_seconds",
+		Help:    "Time from a reboot's request to the host seen back (returned) or given up on (lost).",
+		Buckets: []float64{5, 10, 20, 30, 60, 120, 300, 600, 900, 1800},
+	}, []string{"outcome"})
 	probeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "kpssh_host_probe_duration_seconds",
 		Help:    "Duration of host probes by outcome (success, error).",
@@ -37,7 +48,7 @@ var (
 )
 
 func init() {
-	crmetrics.Registry.MustRegister(probeDuration, zombieActions)
+	crmetrics.Registry.MustRegister(probeDuration, zombieActions, rebootSeconds)
 	// Every known label value exists from the start at zero: increase() and
 	// rate() need a sample before the first event, or the first zombie
 	// action after a (re)start is invisible to the seed's alert query and the
@@ -47,6 +58,9 @@ func init() {
 	}
 	for _, o := range []string{ProbeSuccess, ProbeError} {
 		probeDuration.WithLabelValues(o)
+	}
+	for _, o := range []string{RebootReturned, RebootLost} {
+		rebootSeconds.WithLabelValues(o)
 	}
 }
 

@@ -18,7 +18,7 @@ import (
 // repairStaleClaim releases a host whose NodeClaim is gone or was replaced by
 // another object of the same name (UID mismatch) — the repair path for a
 // force-deleted NodeClaim. A live claim ends the reconcile: claimed hosts are
-// the provider's, not the probe's.
+// the provider's, not the probe's — except while one reboots (watchReboot).
 func (c *Controller) repairStaleClaim(ctx context.Context, h *v1beta1.SSHHost) (reconcile.Result, bool, error) {
 	ref := h.Status.ClaimRef
 	if ref == nil {
@@ -28,7 +28,8 @@ func (c *Controller) repairStaleClaim(ctx context.Context, h *v1beta1.SSHHost) (
 	err := c.Client.Get(ctx, client.ObjectKey{Name: ref.Name}, nc)
 	switch {
 	case err == nil && nc.UID == ref.UID:
-		return reconcile.Result{RequeueAfter: c.Interval}, true, nil
+		res, err := c.watchReboot(ctx, h)
+		return res, true, err
 	case err != nil && !apierrors.IsNotFound(err):
 		return reconcile.Result{}, true, err
 	}
@@ -42,6 +43,7 @@ func (c *Controller) repairStaleClaim(ctx context.Context, h *v1beta1.SSHHost) (
 	h.Status.ClaimRef = nil
 	h.Status.BootstrapTokenID = ""
 	h.Status.ProviderID = ""
+	h.SetReboot(nil, metav1.NewTime(c.Clock.Now()))
 	setState(h, v1beta1.HostPending, "released: NodeClaim "+ref.Name+" no longer exists", metav1.NewTime(c.Clock.Now()))
 	if err := patchStatus(ctx, c.Client, orig, h); err != nil {
 		return reconcile.Result{}, true, err

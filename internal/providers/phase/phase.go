@@ -152,7 +152,12 @@ func RunKey(h *v1beta1.SSHHost, ph engine.Phase) string {
 	if h.Status.ClaimRef == nil || h.Status.ClaimRef.UID == "" {
 		return ""
 	}
-	return h.Namespace + "/" + h.Name + "/" + string(ph) + "/" + string(h.Status.ClaimRef.UID)
+	k := h.Namespace + "/" + h.Name + "/" + string(ph) + "/" + string(h.Status.ClaimRef.UID)
+	if r := h.Status.Reboot; ph == engine.PhaseReboot && r != nil {
+		// A claim may be rebooted more than once: one run per operation.
+		k += "/" + r.OperationID
+	}
+	return k
 }
 
 func configResult(err error) engine.Result {
