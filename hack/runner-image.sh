@@ -376,11 +376,15 @@ export_root() {
 # pre-warmed runner with the same interpreter.
 build_bin() {
 	need_cmd bwrap bubblewrap
-	local sb=$RC/sandbox/$KEY ok
+	local sb=$RC/sandbox/$KEY ok bd
 	[[ -n $KEY && -n $RC ]] || die "no image key"
-	ok=$sb/.complete-$(hash_files "$HACK" runner-image.sh | sha256sum | cut -c1-12)
+	# One image root per key, one bin dir per checkout and cache: the
+	# wrappers bind the checkout, so worktrees sharing a cache must not share
+	# wrappers (a worktree's wrapper would not see another's files).
+	bd=$sb/bin-$(printf '%s\n%s' "$REPO" "$CACHE" | sha256sum | cut -c1-8)
+	ok=$bd/.complete-$(hash_files "$HACK" runner-image.sh | sha256sum | cut -c1-12)
 	if [[ -f $ok ]]; then
-		echo "$sb/bin"
+		echo "$bd"
 		return 0
 	fi
 	build_lint
@@ -394,14 +398,14 @@ build_bin() {
 	while IFS= read -r d; do
 		[[ -n $d && $d != "$sb" ]] && rm -rf --one-file-system "${d:?}"
 	done < <(ls -1dt "$RC"/sandbox/*/ 2>/dev/null | sed 's#/$##' | tail -n +7)
-	rm -rf "${sb:?}/bin" "$sb"/.complete-*
-	mkdir -p "$sb/bin"
+	rm -rf "${bd:?}"
+	mkdir -p "$bd"
 	local b binds="" cases=""
 	for b in /tmp /run "$REPO" "$CACHE"; do
 		binds+=$(printf '\t--bind %q %q \\\n' "$b" "$b")$'\n'
 		cases+=$(printf '%q | %q/* | ' "$b" "$b")
 	done
-	cat >"$sb/bin/sandbox" <<SANDBOX
+	cat >"$bd/sandbox" <<SANDBOX
 #!/bin/sh
 # Written by hack/runner-image.sh --bin: run a command of the runner image
 # (ROOT: root or lint-root beside this bin dir) in a bubblewrap sandbox.
@@ -423,18 +427,18 @@ exec bwrap --chdir "\$PWD" "\$@"
 SANDBOX
 	local t
 	for t in ansible ansible-galaxy ansible-doc ansible-inventory ansible-config python3; do
-		printf '#!/bin/sh\nexec %q root /usr/bin/%s "$@"\n' "$sb/bin/sandbox" "$t" >"$sb/bin/$t"
+		printf '#!/bin/sh\nexec %q root /usr/bin/%s "$@"\n' "$bd/sandbox" "$t" >"$bd/$t"
 	done
-	printf '#!/bin/sh\nexec %q lint-root /usr/bin/ansible-lint "$@"\n' "$sb/bin/sandbox" >"$sb/bin/ansible-lint"
+	printf '#!/bin/sh\nexec %q lint-root /usr/bin/ansible-lint "$@"\n' "$bd/sandbox" >"$bd/ansible-lint"
 	{
-		echo "#!$sb/bin/python3"
+		echo "#!$bd/python3"
 		tail -n +2 "$sb/root/usr/bin/ansible-playbook"
-	} >"$sb/bin/ansible-playbook"
-	chmod 0755 "$sb"/bin/*
-	"$sb/bin/ansible-playbook" --version >>"$LOGF" 2>&1 || die "$sb/bin/ansible-playbook --version failed (see $LOGF)"
-	"$sb/bin/ansible-lint" --version >>"$LOGF" 2>&1 || die "$sb/bin/ansible-lint --version failed (see $LOGF)"
+	} >"$bd/ansible-playbook"
+	chmod 0755 "$bd"/*
+	"$bd/ansible-playbook" --version >>"$LOGF" 2>&1 || die "$bd/ansible-playbook --version failed (see $LOGF)"
+	"$bd/ansible-lint" --version >>"$LOGF" 2>&1 || die "$bd/ansible-lint --version failed (see $LOGF)"
 	touch "$ok"
-	echo "$sb/bin"
+	echo "$bd"
 }
 
 build_runner
