@@ -127,7 +127,7 @@ func TestRenderOffline(t *testing.T) {
 		{"class of another profile", []string{"--profile", profF, "--host", hostF, "--class", noRefF, "join"}, "no SSHNodeClass in --class references SSHJoinProfile prof (joinProfileRef: other → elsewhere)"},
 		{"no host", []string{"--profile", profF, "join"}, "offline render needs both --profile and --host"},
 		{"host and HOST", []string{"--profile", profF, "--host", hostF, "h1", "join"}, "with --profile and --host, want PHASE, got 2 argument(s)"},
-		{"bad phase", []string{"--profile", profF, "--host", hostF, "reboot"}, `unknown phase "reboot"`},
+		{"bad phase", []string{"--profile", profF, "--host", hostF, "bogus"}, `unknown phase "bogus"`},
 		{"host file is a class", []string{"--profile", profF, "--host", classF, "join"}, "holds no SSHHost"},
 		{"missing file", []string{"--profile", filepath.Join(dir, "nope.yaml"), "--host", hostF, "join"}, "no such file"},
 	} {
