@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -75,7 +76,8 @@ func TestCollection(t *testing.T) {
 			continue
 		}
 		for _, e := range entries {
-			if !strings.Contains(out, "ENTRY POINT: "+e+" - ") {
+			// (ansible-doc marks the name up: *join* without a terminal)
+			if !regexp.MustCompile(`ENTRY POINT: \W*` + e + `\W* - `).MatchString(out) {
 				t.Errorf("ansible-doc -t role dklesev.kpssh.%s lists no entry point %s:\n%s", role, e, out)
 			}
 		}
