@@ -76,6 +76,7 @@ func testEngineRuns(t *testing.T, w *hostenv.World, i int) {
 		return w.MustRun(i, "for u in kubelet containerd; do echo $(systemctl is-active $u) $(systemctl is-enabled $u); done | tr '\\n' ' '")
 	}
 	testJoinChecks(t, e, conn, c, w, i, false)
+	testCollectionRole(t, coll, conn, c)
 	run(engine.PhaseInstall)
 	testJoinChecks(t, e, conn, c, w, i, true)
 	run(engine.PhaseJoin)
@@ -180,5 +181,36 @@ func testJoinChecks(t *testing.T, e *engine.Local, conn engine.Connection, good 
 	}
 	if got := w.MustRun(i, "for f in /var/lib/kubelet/kpssh-node-name /etc/kubernetes/bootstrap-kubelet.conf /var/lib/kubelet/config.yaml; do [ ! -e $f ] || echo $f; done"); got != "" {
 		t.Errorf("a refused join wrote the node's files: %s", got)
+	}
+}
+
+// testCollectionRole: an engine with the collection alone (no roles path)
+// resolves the shipped role by FQCN for every phase, and a node class var
+// outside its choices fails the role's argument validation through the
+// engine, naming the var and the entry point, before the host is touched.
+func testCollectionRole(t *testing.T, coll string, conn engine.Connection, good engine.Context) {
+	t.Helper()
+	e, err := engine.New(engine.Options{CollectionsPath: coll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.Close() }()
+	const fqcn = "dklesev.kpssh.tls_bootstrap"
+	for _, p := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall} {
+		if err := e.ValidateRole(fqcn, p); err != nil {
+			t.Errorf("ValidateRole(%s, %s) with the collection alone: %v", fqcn, p, err)
+		}
+	}
+	c := good
+	c.Vars = map[string]string{"k8sMinor": "1.36", "cgroupDriver": "docker"}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r := e.Run(ctx, engine.Request{Phase: engine.PhaseJoin, Conn: conn, Source: engine.Source{Role: fqcn}, Context: c, Timeout: 2 * time.Minute})
+	if r.Outcome == engine.Succeeded ||
+		!strings.Contains(r.FailedTask, "Validating arguments against arg spec 'join'") ||
+		!strings.Contains(r.Message, "value of tls_bootstrap_cgroup_driver must be one of: systemd, cgroupfs, got: docker") {
+		t.Errorf("%s join with cgroupDriver docker: %s (task %q): %q; want the argument validation of entry point join naming the var", fqcn, r.Outcome, r.FailedTask, r.Message)
+	} else {
+		t.Logf("%s join with cgroupDriver docker through the engine: task %q: %s", fqcn, r.FailedTask, r.Message)
 	}
 }
