@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -38,9 +37,7 @@ func TestCollection(t *testing.T) {
 			"ANSIBLE_LOCAL_TEMP=" + filepath.Join(tmp, "ansible-tmp")}, env...)
 		var out bytes.Buffer
 		c.Stdout, c.Stderr = &out, &out
-		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
-		c.WaitDelay = 10 * time.Second
+		asGroup(c)
 		err := c.Run()
 		return out.String(), err
 	}

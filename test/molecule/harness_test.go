@@ -260,11 +260,7 @@ func (r *runner) playbook(ctx context.Context, sc *scenario, tg target, playbook
 	c.Env = env
 	var out bytes.Buffer
 	c.Stdout, c.Stderr = &out, &out
-	// ansible-playbook and its ssh children form one process group, killed
-	// as a whole on timeout.
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
-	c.WaitDelay = 10 * time.Second
+	asGroup(c)
 	err := c.Run()
 	if ctx.Err() != nil {
 		return out.String(), fmt.Errorf("%s timed out after %v", playbook, playbookTimeout)
@@ -501,4 +497,12 @@ func findScenarios(root string) ([]string, error) {
 		return dirs[i] < dirs[j]
 	})
 	return dirs, nil
+}
+
+// asGroup makes c and its children (ssh, workers) one process group, killed
+// as a whole when c's context ends, and bounds the wait for its output.
+func asGroup(c *exec.Cmd) {
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+	c.WaitDelay = 10 * time.Second
 }
