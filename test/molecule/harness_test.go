@@ -16,6 +16,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -176,9 +177,13 @@ type target struct {
 	reboot     func() // the side_effect step
 }
 
+// errSkipped: the step has no playbook in the scenario.
+var errSkipped = errors.New("skipped: no playbook")
+
 // stepResult is one step of a scenario run.
 type stepResult struct {
 	step     string
+	skipped  bool // no playbook for it (molecule: "Skipping, … not configured")
 	err      error
 	duration time.Duration
 }
@@ -303,6 +308,10 @@ func (r *runner) run(ctx context.Context, sc *scenario, tg target) []stepResult 
 		}
 		start := time.Now()
 		err := r.step(ctx, sc, tg, step)
+		if errors.Is(err, errSkipped) {
+			res = append(res, stepResult{step: step, skipped: true})
+			continue
+		}
 		res = append(res, stepResult{step: step, err: err, duration: time.Since(start)})
 		if err != nil {
 			break
@@ -332,7 +341,7 @@ func (r *runner) step(ctx context.Context, sc *scenario, tg target, step string)
 	case "prepare", "verify", "cleanup":
 		p := step + ".yml"
 		if _, err := os.Stat(filepath.Join(sc.dir, p)); err != nil {
-			return nil // molecule skips a missing prepare/verify playbook too
+			return errSkipped // molecule skips a missing prepare/verify/cleanup playbook too
 		}
 		out, err := r.playbook(ctx, sc, tg, p)
 		return playbookErr(step, out, err)
@@ -351,7 +360,7 @@ func (r *runner) step(ctx context.Context, sc *scenario, tg target, step string)
 	case "side_effect":
 		// molecule skips the step without a side_effect playbook.
 		if _, err := os.Stat(filepath.Join(sc.dir, "side_effect.yml")); err != nil {
-			return nil
+			return errSkipped
 		}
 		if tg.reboot == nil {
 			return fmt.Errorf("side_effect: no reboot for this host")
