@@ -22,6 +22,9 @@ import (
 // on a real host, and bad vars fail the role's argument validation naming
 // the var and the entry point.
 func TestCollection(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds and installs the collection and boots a test host (make test runs it)")
+	}
 	root, err := hostenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
