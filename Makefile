@@ -10,7 +10,7 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: node-assets runner-bin test-prereqs all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo demo-down e2e clean-world
+.PHONY: collection node-assets runner-bin test-prereqs all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo demo-down e2e clean-world
 
 all: build
 
@@ -76,6 +76,11 @@ runner-image: deps
 runner-bin: deps
 	@hack/runner-image.sh --bin | tail -n 1
 RUNNER_PATH = PATH=$$(hack/runner-image.sh --bin | tail -n 1):$$PATH
+
+## collection: the dklesev.kpssh collection tarball (roles included), built by the
+## runner image's ansible-galaxy into bin/collection/ (prints its path)
+collection: deps
+	@$(RUNNER_PATH) hack/collection.sh | tail -n 1
 
 ## controller-image: the runner image plus the controller image on top of it (prints the controller's ref)
 controller-image: deps

@@ -169,7 +169,7 @@ test ! -w /usr/share/kpssh/collections/ansible_collections/dklesev/kpssh/plugins
 for c in ansible-playbook ssh tini python3; do command -v "$c"; done | tr '\n' ' '; echo
 ssh -V 2>&1
 test -d /usr/share/kpssh/roles && echo roles-dir
-for spec in "callback dklesev.kpssh.kpssh_events" "module dklesev.kpssh.stdin_exec" "callback ansible.posix.jsonl" "callback ansible.posix.json"; do
+for spec in "callback dklesev.kpssh.kpssh_events" "module dklesev.kpssh.stdin_exec" "role dklesev.kpssh.tls_bootstrap" "role tls_bootstrap" "callback ansible.posix.jsonl" "callback ansible.posix.json"; do
 	set -- $spec
 	if ansible-doc -t "$1" "$2" >/dev/null 2>/tmp/err; then echo "doc-ok $2"; else echo "doc-FAILED $2: $(tail -c 600 /tmp/err)"; fi
 done
@@ -181,7 +181,7 @@ cd /usr/share/kpssh && find collections roles -type f ! -path '*/__pycache__/*' 
 	for _, want := range []string{
 		"pid1=tini", "id=65532:65532 name=kpssh home=/home/kpssh", "home-writable", "collection-readonly",
 		"/usr/bin/ansible-playbook /usr/bin/ssh /usr/bin/tini /usr/bin/python3", "OpenSSH_", "roles-dir",
-		"doc-ok dklesev.kpssh.kpssh_events", "doc-ok dklesev.kpssh.stdin_exec", "doc-ok ansible.posix.jsonl", "doc-ok ansible.posix.json\n",
+		"doc-ok dklesev.kpssh.kpssh_events", "doc-ok dklesev.kpssh.stdin_exec", "doc-ok dklesev.kpssh.tls_bootstrap", "doc-ok tls_bootstrap", "doc-ok ansible.posix.jsonl", "doc-ok ansible.posix.json\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("in the image: missing %q in\n%s", want, out)
@@ -199,7 +199,9 @@ cd /usr/share/kpssh && find collections roles -type f ! -path '*/__pycache__/*' 
 func repoSums(t *testing.T, root string) string {
 	t.Helper()
 	var lines []string
-	for _, m := range []struct{ src, dst string }{{"playbooks/collections", "collections"}, {"roles", "roles"}} {
+	// The roles ship inside the collection (in the checkout its roles/ is a
+	// symlink to the top-level roles/, which WalkDir does not follow).
+	for _, m := range []struct{ src, dst string }{{"playbooks/collections", "collections"}, {"roles", "collections/ansible_collections/dklesev/kpssh/roles"}} {
 		base := filepath.Join(root, m.src)
 		err := filepath.WalkDir(base, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {

@@ -209,11 +209,20 @@ func FindCollectionsPath() (string, error) {
 	return findShared("collections", "playbooks/collections", "ansible_collections/dklesev/kpssh")
 }
 
-// FindRolesPath looks for the shipped roles: /usr/share/kpssh/roles, else
+// FindRolesPath looks for the shipped roles: the runner image's collection
+// (they ship inside dklesev.kpssh; /usr/share/kpssh/roles links there), else
 // roles/ in a parent of the working directory.
 func FindRolesPath() (string, error) {
+	if p := filepath.Join("/usr/share/kpssh/collections", collectionRolesDir); exists(p) {
+		return p, nil
+	}
 	return findShared("roles", "roles", "")
 }
+
+// collectionRolesDir is the project collection's roles directory, relative
+// to a collections path. In a checkout it is a symlink to the top-level
+// roles/ (their source).
+const collectionRolesDir = "ansible_collections/dklesev/kpssh/roles"
 
 func findShared(image, repo, marker string) (string, error) {
 	if p := filepath.Join("/usr/share/kpssh", image); exists(filepath.Join(p, marker)) {

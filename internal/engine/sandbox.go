@@ -104,6 +104,12 @@ func (l *Local) sandboxEnv() []string {
 		return nil
 	}
 	read := []string{l.opts.CollectionsPath, filepath.Dir(l.opts.AnsiblePlaybook), filepath.Dir(l.interp[0])}
+	// Landlock checks the resolved path: a checkout's collection roles/
+	// symlink points outside CollectionsPath (FQCN roles without RolesPath).
+	rolesLink := filepath.Join(l.opts.CollectionsPath, collectionRolesDir)
+	if r, err := filepath.EvalSymlinks(rolesLink); err == nil && r != rolesLink {
+		read = append(read, r)
+	}
 	read = append(append(read, l.opts.RolesPath...), l.opts.ExtraCollectionsPaths...)
 	if l.opts.MitogenStrategyPath != "" {
 		read = append(read, l.opts.MitogenStrategyPath)

@@ -76,6 +76,7 @@ func testEngineRuns(t *testing.T, w *hostenv.World, i int) {
 		return w.MustRun(i, "for u in kubelet containerd; do echo $(systemctl is-active $u) $(systemctl is-enabled $u); done | tr '\\n' ' '")
 	}
 	testJoinChecks(t, e, conn, c, w, i, false)
+	testCollectionRole(t, coll, conn, c)
 	run(engine.PhaseInstall)
 	testJoinChecks(t, e, conn, c, w, i, true)
 	run(engine.PhaseJoin)
@@ -121,28 +122,37 @@ func testJoinChecks(t *testing.T, e *engine.Local, conn engine.Connection, good 
 		return c
 	}
 	with := func(f func(*engine.Context)) engine.Context { c := withVars(); f(&c); return c }
+	// role, when set, is the role's message where it differs from the
+	// script's: the choices are the role's argument specs, which Ansible
+	// checks (in the entry point's validation task) before the role's own
+	// checks, in its own words, naming the role var.
 	type check struct {
 		name string
 		c    engine.Context
 		want string
+		role string
 	}
 	checks := []check{
-		{"kubelet of another minor", withVars("k8sMinor", "1.35"), "var k8sMinor is 1.35: bump the profile's spec.version so install runs again"},
-		{"CA not base64", with(func(c *engine.Context) { c.ClusterCAB64 = "not*base64" }), "KPSSH_CLUSTER_CA_B64 is not valid base64"},
-		{"CA not PEM", with(func(c *engine.Context) { c.ClusterCAB64 = "aGVsbG8gd29ybGQ=" }), "KPSSH_CLUSTER_CA_B64 does not decode to a PEM certificate"},
+		{"kubelet of another minor", withVars("k8sMinor", "1.35"), "var k8sMinor is 1.35: bump the profile's spec.version so install runs again", ""},
+		{"CA not base64", with(func(c *engine.Context) { c.ClusterCAB64 = "not*base64" }), "KPSSH_CLUSTER_CA_B64 is not valid base64", ""},
+		{"CA not PEM", with(func(c *engine.Context) { c.ClusterCAB64 = "aGVsbG8gd29ybGQ=" }), "KPSSH_CLUSTER_CA_B64 does not decode to a PEM certificate", ""},
 	}
 	if !installed {
 		checks = []check{
-			{"not installed", withVars(), "/usr/local/bin/kubelet is missing: the install phase has not run"},
-			{"no k8sMinor", withVars("k8sMinor", ""), "var k8sMinor is required: the control plane's Kubernetes minor (e.g. 1.36), set in the SSHNodeClass vars"},
-			{"bad k8sMinor", withVars("k8sMinor", "136"), "var k8sMinor must look like 1.36, got '136'"},
-			{"bad serverTLSBootstrap", withVars("serverTLSBootstrap", "yes"), "var serverTLSBootstrap must be true or false, got 'yes'"},
-			{"bad cgroupDriver", withVars("cgroupDriver", "docker"), "var cgroupDriver must be systemd or cgroupfs, got 'docker'"},
-			{"bad clusterDNS", withVars("clusterDNS", "10.96.0.10,dns"), "var clusterDNS must be IP addresses separated by commas, got '10.96.0.10,dns'"},
-			{"two bad vars: the first wins", withVars("k8sMinor", "x", "cgroupDriver", "docker"), "var k8sMinor must look like 1.36, got 'x'"},
-			{"bad token", with(func(c *engine.Context) { c.BootstrapToken = "abcdef.0123456789ABCDEF" }), "KPSSH_BOOTSTRAP_TOKEN is not a bootstrap token (<id>.<secret>, 6 and 16 of [a-z0-9]; value not shown)"},
-			{"http endpoint", with(func(c *engine.Context) { c.ClusterEndpoint = "http://192.0.2.1:6443" }), "KPSSH_CLUSTER_ENDPOINT must be an https:// URL, got 'http://192.0.2.1:6443'"},
-			{"space in labels", with(func(c *engine.Context) { c.NodeLabels = "a=b c=d" }), "KPSSH_NODE_LABELS has characters that cannot go on the kubelet command line: 'a=b c=d'"},
+			{"not installed", withVars(), "/usr/local/bin/kubelet is missing: the install phase has not run", ""},
+			{"no k8sMinor", withVars("k8sMinor", ""), "var k8sMinor is required: the control plane's Kubernetes minor (e.g. 1.36), set in the SSHNodeClass vars", ""},
+			{"bad k8sMinor", withVars("k8sMinor", "136"), "var k8sMinor must look like 1.36, got '136'", ""},
+			{"bad serverTLSBootstrap", withVars("serverTLSBootstrap", "yes"), "var serverTLSBootstrap must be true or false, got 'yes'",
+				"value of tls_bootstrap_server_tls_bootstrap must be one of: true, false, got: yes"},
+			{"bad cgroupDriver", withVars("cgroupDriver", "docker"), "var cgroupDriver must be systemd or cgroupfs, got 'docker'",
+				"value of tls_bootstrap_cgroup_driver must be one of: systemd, cgroupfs, got: docker"},
+			{"bad clusterDNS", withVars("clusterDNS", "10.96.0.10,dns"), "var clusterDNS must be IP addresses separated by commas, got '10.96.0.10,dns'", ""},
+			{"two bad vars: the first wins", withVars("k8sMinor", "x", "clusterDNS", "dns"), "var k8sMinor must look like 1.36, got 'x'", ""},
+			{"a bad choice wins over a bad shape in the role", withVars("k8sMinor", "x", "cgroupDriver", "docker"), "var k8sMinor must look like 1.36, got 'x'",
+				"value of tls_bootstrap_cgroup_driver must be one of: systemd, cgroupfs, got: docker"},
+			{"bad token", with(func(c *engine.Context) { c.BootstrapToken = "abcdef.0123456789ABCDEF" }), "KPSSH_BOOTSTRAP_TOKEN is not a bootstrap token (<id>.<secret>, 6 and 16 of [a-z0-9]; value not shown)", ""},
+			{"http endpoint", with(func(c *engine.Context) { c.ClusterEndpoint = "http://192.0.2.1:6443" }), "KPSSH_CLUSTER_ENDPOINT must be an https:// URL, got 'http://192.0.2.1:6443'", ""},
+			{"space in labels", with(func(c *engine.Context) { c.NodeLabels = "a=b c=d" }), "KPSSH_NODE_LABELS has characters that cannot go on the kubelet command line: 'a=b c=d'", ""},
 		}
 	}
 	for _, tc := range checks {
@@ -153,8 +163,16 @@ func testJoinChecks(t *testing.T, e *engine.Local, conn engine.Connection, good 
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			r := e.Run(ctx, engine.Request{Phase: engine.PhaseJoin, Conn: conn, Source: src.s, Context: tc.c, Timeout: 2 * time.Minute})
 			cancel()
-			if r.Outcome == engine.Succeeded || !strings.Contains(r.Message, tc.want) {
-				t.Errorf("%s, %s join: %s (task %q): %q, want the message %q", tc.name, src.kind, r.Outcome, r.FailedTask, r.Message, tc.want)
+			want := tc.want
+			if src.kind == "role" && tc.role != "" {
+				want = tc.role
+				// The argument spec's failure names the role's entry point.
+				if !strings.Contains(r.FailedTask, "Validating arguments against arg spec 'join'") {
+					t.Errorf("%s, role join: failed task %q, want the validation of entry point join", tc.name, r.FailedTask)
+				}
+			}
+			if r.Outcome == engine.Succeeded || !strings.Contains(r.Message, want) {
+				t.Errorf("%s, %s join: %s (task %q): %q, want the message %q", tc.name, src.kind, r.Outcome, r.FailedTask, r.Message, want)
 			}
 			if strings.Contains(r.Message, good.BootstrapToken) || strings.Contains(r.Message, tc.c.BootstrapToken) {
 				t.Errorf("%s, %s join: the token is in the message", tc.name, src.kind)
@@ -163,5 +181,36 @@ func testJoinChecks(t *testing.T, e *engine.Local, conn engine.Connection, good 
 	}
 	if got := w.MustRun(i, "for f in /var/lib/kubelet/kpssh-node-name /etc/kubernetes/bootstrap-kubelet.conf /var/lib/kubelet/config.yaml; do [ ! -e $f ] || echo $f; done"); got != "" {
 		t.Errorf("a refused join wrote the node's files: %s", got)
+	}
+}
+
+// testCollectionRole: an engine with the collection alone (no roles path)
+// resolves the shipped role by FQCN for every phase, and a node class var
+// outside its choices fails the role's argument validation through the
+// engine, naming the var and the entry point, before the host is touched.
+func testCollectionRole(t *testing.T, coll string, conn engine.Connection, good engine.Context) {
+	t.Helper()
+	e, err := engine.New(engine.Options{CollectionsPath: coll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = e.Close() }()
+	const fqcn = "dklesev.kpssh.tls_bootstrap"
+	for _, p := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall} {
+		if err := e.ValidateRole(fqcn, p); err != nil {
+			t.Errorf("ValidateRole(%s, %s) with the collection alone: %v", fqcn, p, err)
+		}
+	}
+	c := good
+	c.Vars = map[string]string{"k8sMinor": "1.36", "cgroupDriver": "docker"}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	r := e.Run(ctx, engine.Request{Phase: engine.PhaseJoin, Conn: conn, Source: engine.Source{Role: fqcn}, Context: c, Timeout: 2 * time.Minute})
+	if r.Outcome == engine.Succeeded ||
+		!strings.Contains(r.FailedTask, "Validating arguments against arg spec 'join'") ||
+		!strings.Contains(r.Message, "value of tls_bootstrap_cgroup_driver must be one of: systemd, cgroupfs, got: docker") {
+		t.Errorf("%s join with cgroupDriver docker: %s (task %q): %q; want the argument validation of entry point join naming the var", fqcn, r.Outcome, r.FailedTask, r.Message)
+	} else {
+		t.Logf("%s join with cgroupDriver docker through the engine: task %q: %s", fqcn, r.FailedTask, r.Message)
 	}
 }

@@ -5,14 +5,18 @@ package molecule_test
 // converge.yml,side_effect.yml,verify.yml}), run with ansible-playbook
 // against an nspawn test host. Molecule itself is not installable here; the
 // files are the ones molecule runs (driver default/delegated, managed:
-// false), and the steps are molecule's: syntax, prepare, converge,
-// idempotence (a second converge; any changed task fails, by name),
-// side_effect (here: a reboot of the host through hostenv) and verify.
+// false, verifier ansible), and the steps are molecule's, its default
+// sequence when molecule.yml names none: dependency, cleanup, destroy,
+// syntax, create, prepare, converge, idempotence (a second converge; any
+// changed task fails, by name), side_effect (here: a reboot of the host
+// through hostenv, when the scenario has a side_effect.yml), verify,
+// cleanup, destroy. test/molecule/README.md lists the differences.
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -55,16 +59,29 @@ type moleculeFile struct {
 		Name      string            `yaml:"name"`
 		Env       map[string]string `yaml:"env"`
 		Inventory struct {
-			Links map[string]string `yaml:"links"`
+			Links     map[string]string `yaml:"links"`
+			Hosts     any               `yaml:"hosts"`
+			HostVars  any               `yaml:"host_vars"`
+			GroupVars any               `yaml:"group_vars"`
 		} `yaml:"inventory"`
 	} `yaml:"provisioner"`
+	Verifier struct {
+		Name string `yaml:"name"`
+	} `yaml:"verifier"`
 	Scenario struct {
 		TestSequence []string `yaml:"test_sequence"`
 	} `yaml:"scenario"`
+	Dependency struct {
+		Enabled *bool `yaml:"enabled"`
+	} `yaml:"dependency"`
 }
 
+// moleculeDefaultSequence is molecule's `test` sequence (scenario.test_sequence's default).
+var moleculeDefaultSequence = []string{"dependency", "cleanup", "destroy", "syntax", "create", "prepare", "converge", "idempotence", "side_effect", "verify", "cleanup", "destroy"}
+
 // steps the harness runs; molecule's others (dependency, create, destroy,
-// lint) have nothing to do for a delegated, unmanaged platform.
+// lint) have nothing to do for a delegated, unmanaged platform without
+// requirements (dependency is refused when enabled, below).
 var knownSteps = map[string]bool{"syntax": true, "prepare": true, "converge": true, "idempotence": true, "side_effect": true, "verify": true, "cleanup": true}
 
 var noopSteps = map[string]bool{"dependency": true, "create": true, "destroy": true, "lint": true}
@@ -101,7 +118,19 @@ func loadScenario(dir string) (*scenario, error) {
 	sc.role = filepath.Base(sc.projectDir)
 	sc.sequence = mf.Scenario.TestSequence
 	if len(sc.sequence) == 0 {
-		sc.sequence = []string{"syntax", "prepare", "converge", "idempotence", "side_effect", "verify"}
+		sc.sequence = moleculeDefaultSequence
+	}
+	if mf.Verifier.Name != "" && mf.Verifier.Name != "ansible" {
+		return nil, fmt.Errorf("%s/molecule.yml: verifier %q: the harness runs verify.yml (verifier: ansible)", dir, mf.Verifier.Name)
+	}
+	if mf.Provisioner.Name != "" && mf.Provisioner.Name != "ansible" {
+		return nil, fmt.Errorf("%s/molecule.yml: provisioner %q: want ansible", dir, mf.Provisioner.Name)
+	}
+	if mf.Provisioner.Inventory.Hosts != nil || mf.Provisioner.Inventory.HostVars != nil || mf.Provisioner.Inventory.GroupVars != nil {
+		return nil, fmt.Errorf("%s/molecule.yml: provisioner.inventory hosts/host_vars/group_vars: the harness reads an inventory file (provisioner.inventory.links.hosts) only", dir)
+	}
+	if mf.Dependency.Enabled == nil || *mf.Dependency.Enabled {
+		return nil, fmt.Errorf("%s/molecule.yml: dependency.enabled must be false (the harness installs no requirements; molecule would run ansible-galaxy)", dir)
 	}
 	for _, s := range sc.sequence {
 		if !knownSteps[s] && !noopSteps[s] {
@@ -148,9 +177,13 @@ type target struct {
 	reboot     func() // the side_effect step
 }
 
+// errSkipped: the step has no playbook in the scenario.
+var errSkipped = errors.New("skipped: no playbook")
+
 // stepResult is one step of a scenario run.
 type stepResult struct {
 	step     string
+	skipped  bool // no playbook for it (molecule: "Skipping, … not configured")
 	err      error
 	duration time.Duration
 }
@@ -232,11 +265,7 @@ func (r *runner) playbook(ctx context.Context, sc *scenario, tg target, playbook
 	c.Env = env
 	var out bytes.Buffer
 	c.Stdout, c.Stderr = &out, &out
-	// ansible-playbook and its ssh children form one process group, killed
-	// as a whole on timeout.
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
-	c.WaitDelay = 10 * time.Second
+	asGroup(c)
 	err := c.Run()
 	if ctx.Err() != nil {
 		return out.String(), fmt.Errorf("%s timed out after %v", playbook, playbookTimeout)
@@ -279,6 +308,10 @@ func (r *runner) run(ctx context.Context, sc *scenario, tg target) []stepResult 
 		}
 		start := time.Now()
 		err := r.step(ctx, sc, tg, step)
+		if errors.Is(err, errSkipped) {
+			res = append(res, stepResult{step: step, skipped: true})
+			continue
+		}
 		res = append(res, stepResult{step: step, err: err, duration: time.Since(start)})
 		if err != nil {
 			break
@@ -308,7 +341,7 @@ func (r *runner) step(ctx context.Context, sc *scenario, tg target, step string)
 	case "prepare", "verify", "cleanup":
 		p := step + ".yml"
 		if _, err := os.Stat(filepath.Join(sc.dir, p)); err != nil {
-			return nil // molecule skips a missing prepare/verify playbook too
+			return errSkipped // molecule skips a missing prepare/verify/cleanup playbook too
 		}
 		out, err := r.playbook(ctx, sc, tg, p)
 		return playbookErr(step, out, err)
@@ -325,6 +358,10 @@ func (r *runner) step(ctx context.Context, sc *scenario, tg target, step string)
 		}
 		return nil
 	case "side_effect":
+		// molecule skips the step without a side_effect playbook.
+		if _, err := os.Stat(filepath.Join(sc.dir, "side_effect.yml")); err != nil {
+			return errSkipped
+		}
 		if tg.reboot == nil {
 			return fmt.Errorf("side_effect: no reboot for this host")
 		}
@@ -469,4 +506,12 @@ func findScenarios(root string) ([]string, error) {
 		return dirs[i] < dirs[j]
 	})
 	return dirs, nil
+}
+
+// asGroup makes c and its children (ssh, workers) one process group, killed
+// as a whole when c's context ends, and bounds the wait for its output.
+func asGroup(c *exec.Cmd) {
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+	c.WaitDelay = 10 * time.Second
 }

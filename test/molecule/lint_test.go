@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -48,9 +47,7 @@ func TestAnsibleLint(t *testing.T) {
 	c.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "LANG=C.UTF-8", "ANSIBLE_HOME=" + filepath.Join(home, ".ansible"), "NO_COLOR=1"}
 	var out, errb bytes.Buffer
 	c.Stdout, c.Stderr = &out, &errb
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
-	c.WaitDelay = 10 * time.Second
+	asGroup(c)
 	start := time.Now()
 	runErr := c.Run()
 	var violations []string

@@ -120,6 +120,8 @@ func TestMolecule(t *testing.T) {
 							for _, s := range r.run(context.Background(), sc, tg) {
 								if s.err != nil {
 									t.Errorf("%s/%s on %s: %v", role, sc.name, rel, s.err)
+								} else if s.skipped {
+									t.Logf("%s/%s on %s: %s skipped (no playbook)", role, sc.name, rel, s.step)
 								} else {
 									t.Logf("%s/%s on %s: %s passed in %v", role, sc.name, rel, s.step, s.duration.Round(time.Millisecond))
 								}
