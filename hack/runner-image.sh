@@ -381,7 +381,7 @@ build_bin() {
 	# One image root per key, one bin dir per checkout and cache: the
 	# wrappers bind the checkout, so worktrees sharing a cache must not share
 	# wrappers (a worktree's wrapper would not see another's files).
-	bd=$sb/bin-$(printf '%s\n%s' "$REPO" "$CACHE" | sha256sum | cut -c1-8)
+	bd=$sb/checkout-$(printf '%s\n%s' "$REPO" "$CACHE" | sha256sum | cut -c1-8)/bin
 	ok=$bd/.complete-$(hash_files "$HACK" runner-image.sh | sha256sum | cut -c1-12)
 	if [[ -f $ok ]]; then
 		echo "$bd"

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/cli"
 	"github.com/dklesev/kpssh/internal/jobexec"
 )
 
@@ -27,23 +28,60 @@ import (
 // controller) and, from a ConfigMap that the real kubelet projects into the
 // phase pods (KPSSH_JOB_CONTENT, at the same path), with the Job executor.
 func contentRole(w *world, _ *state) {
-	src := filepath.Join(w.repo, "test/e2e/testdata/content/roles/site_join")
-	files := map[string]string{}
-	if err := filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+	// The author's loop: kpssh new-role writes the skeleton outside roles/,
+	// the author's edits (testdata) go over it, and the result ships as
+	// content. The controller reads the role where it is (as it would a
+	// mount); phase pods mount the ConfigMap at that same path (not under
+	// /tmp: the phase pod has its own).
+	if err := os.MkdirAll(filepath.Join(w.repo, ".cache"), 0o755); err != nil {
+		w.t.Fatal(err)
+	}
+	roles, err := os.MkdirTemp(filepath.Join(w.repo, ".cache"), "e2e-content-")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer os.RemoveAll(roles)
+	if err := os.Chmod(roles, 0o755); err != nil { // the controller's sandbox and the phase pods read it
+		w.t.Fatal(err)
+	}
+	written, err := cli.NewRole(roles, "site_join")
+	if err != nil {
+		w.t.Fatalf("kpssh new-role site_join: %v", err)
+	}
+	role := filepath.Join(roles, "site_join")
+	edits := filepath.Join(w.repo, "test/e2e/testdata/content/roles/site_join")
+	if err := filepath.WalkDir(edits, func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
 		b, err := os.ReadFile(p)
-		rel, _ := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(edits, p)
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(role, rel)), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(role, rel), b, 0o644)
+	}); err != nil {
+		w.t.Fatal(err)
+	}
+	files := map[string]string{}
+	if err := filepath.WalkDir(role, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(role, p)
 		files[rel] = string(b)
 		return err
 	}); err != nil {
 		w.t.Fatal(err)
 	}
-	// The controller reads the role where it is (as it would a mount);
-	// phase pods mount the ConfigMap at that same path (not under /tmp:
-	// the phase pod has its own).
-	roles := filepath.Dir(src)
+	if _, ok := files["tasks/uninstall.yml"]; !ok {
+		w.t.Fatalf("new-role wrote %v: no tasks/uninstall.yml", written)
+	}
+	w.t.Logf("kpssh new-role site_join: %d files; with the author's edits %d", len(written), len(files))
 
 	local := w.ctrl.env
 	restart := func(env []string) {

@@ -199,6 +199,9 @@ func TestShippedProfilesAcceptedByAPIServer(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := loadProfile(t, sp.file)
+			if want.Spec.Timeouts.Reboot == "" { // the file leaves it to the CRD's default
+				want.Spec.Timeouts.Reboot = "2m"
+			}
 			for phase, body := range scripts(want) {
 				if scripts(&got)[phase] != body {
 					t.Errorf("%s script changed on the way through the apiserver", phase)
