@@ -82,7 +82,7 @@ func TestE2E(t *testing.T) {
 // issue tracker has it too): a listed scenario runs only when
 // KPSSH_E2E_ONLY names it.
 var brokenScenarios = map[string]string{
-	"ContentRole": "after merging the collection and reboot work the node class stays Ready for a role in no source, and the Job-executor host never reaches InUse (issue 16)",
+	"ContentRole": "passes alone (KPSSH_E2E_ONLY=ContentRole, 202 s) but, after JobExec in the full sequence, no phase pod of its Job-executor half appeared within 8 min (seen once, under a loaded CI run; issue 16)",
 }
 
 func (w *world) withT(t *testing.T) *world {
