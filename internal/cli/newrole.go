@@ -5,7 +5,6 @@ import (
 	"context"
 	"embed"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -130,29 +129,20 @@ func NewRole(dir, name string) ([]string, error) {
 
 // NewRoleCmd is `kpssh new-role`.
 func NewRoleCmd(_ context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kpssh new-role", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, NewRoleUsage)
-		fs.PrintDefaults()
-	}
-	dir := fs.String("dir", ".", "parent `directory` of the new role")
-	pos, err := parseInterspersed(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		return ExitOK
-	}
-	if err != nil {
-		return ExitUsage
+	c := newSubcommand("kpssh new-role", NewRoleUsage, stderr)
+	dir := c.fs.String("dir", ".", "parent `directory` of the new role")
+	pos, code, done := c.parse(args)
+	if done {
+		return code
 	}
 	if len(pos) != 1 {
 		fmt.Fprintf(stderr, "kpssh new-role: want NAME, got %d argument(s)\n", len(pos))
-		fs.Usage()
+		c.fs.Usage()
 		return ExitUsage
 	}
 	files, err := NewRole(*dir, pos[0])
 	if err != nil {
-		fmt.Fprintf(stderr, "kpssh new-role: %v\n", err)
-		return ExitCode(err)
+		return c.fail(err)
 	}
 	root := filepath.Join(*dir, pos[0])
 	for _, f := range files {

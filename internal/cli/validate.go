@@ -2,8 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -47,32 +45,22 @@ flags:
 
 // Validate is `kpssh validate`.
 func Validate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("kpssh validate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, ValidateUsage)
-		fs.PrintDefaults()
-	}
+	c := newSubcommand("kpssh validate", ValidateUsage, stderr)
+	fs := c.fs
 	classFile := fs.String("class", "", "SSHNodeClass manifest `file` (its vars are checked against the role's argument specs)")
 	hostFile := fs.String("host", "", "SSHHost manifest `file`: signatures are checked against its spec.trustedSigners")
 	var content multiFlag
 	fs.Var(&content, "content", "roles or collections `dir` searched after the shipped roles (repeatable)")
-	pos, err := parseInterspersed(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		return ExitOK
-	}
-	if err != nil {
-		return ExitUsage
+	pos, code, done := c.parse(args)
+	if done {
+		return code
 	}
 	if len(pos) != 1 {
 		fmt.Fprintf(stderr, "kpssh validate: want PROFILE.yaml, got %d argument(s)\n", len(pos))
 		fs.Usage()
 		return ExitUsage
 	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "kpssh validate: %v\n", err)
-		return ExitCode(err)
-	}
+	fail := c.fail
 	p, err := readObject[v1beta1.SSHJoinProfile](pos[0], "SSHJoinProfile")
 	if err != nil {
 		return fail(err)

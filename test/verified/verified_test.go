@@ -97,6 +97,19 @@ type fixture struct {
 	rogue  key
 }
 
+// verifiedRunner is what the cloud provider runs for host h: an SSHHost
+// (Verified, trusting the fixture's signer, its key in a Secret) and the
+// phase runner over the real engine and the real host-key dial.
+func (f *fixture) verifiedRunner(h hostenv.Host) (*v1beta1.SSHHost, *phase.Runner) {
+	host := &v1beta1.SSHHost{ObjectMeta: metav1.ObjectMeta{Name: "h1", Namespace: "pool"}, Spec: v1beta1.SSHHostSpec{
+		Address: h.Address, Port: int32(h.Port), User: "kpssh", SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"},
+		ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{v1beta1.TrustedSigner(f.signer.pub)}},
+		Status: v1beta1.SSHHostStatus{HostKeyFingerprint: h.Fingerprint}}
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "pool", Name: "key"}, Data: map[string][]byte{"privateKey": f.login.priv}}).Build()
+	return host, phase.New(f.e, hostkey.New(c), nil)
+}
+
 func (f *fixture) conn() engine.Connection {
 	h := f.w.Host(0)
 	return engine.Connection{Address: h.Address, Port: int32(h.Port), User: "kpssh", PrivateKey: f.login.priv, HostKey: h.HostKey}
@@ -304,13 +317,7 @@ func TestVerifiedHost(t *testing.T) {
 		// and a signed SSHJoinProfile become the verified source; the real
 		// engine and the real host-key dial.
 		h := w.Host(0)
-		host := &v1beta1.SSHHost{ObjectMeta: metav1.ObjectMeta{Name: "h1", Namespace: "pool"}, Spec: v1beta1.SSHHostSpec{
-			Address: h.Address, Port: int32(h.Port), User: "kpssh", SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"},
-			ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{v1beta1.TrustedSigner(f.signer.pub)}},
-			Status: v1beta1.SSHHostStatus{HostKeyFingerprint: h.Fingerprint}}
-		c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(&corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "pool", Name: "key"}, Data: map[string][]byte{"privateKey": f.login.priv}}).Build()
-		r := phase.New(f.e, hostkey.New(c), nil)
+		host, r := f.verifiedRunner(h)
 		prof := &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: profileName}, Spec: v1beta1.SSHJoinProfileSpec{Version: "3",
 			Scripts:    &v1beta1.ProfileScripts{Install: "set -euo pipefail\n", Join: v1beta1.Script(joinScript), Leave: "set -euo pipefail\n"},
 			Signatures: &v1beta1.ProfileSignatures{Join: v1beta1.Signature(signed(now.Add(-2*time.Hour), "join", joinScript).Signature)}}}
@@ -582,13 +589,7 @@ func TestVerifiedHost(t *testing.T) {
 	// the signature: refused before any connection, naming it.
 	t.Run("signed default reboot", func(t *testing.T) {
 		h := w.Host(0)
-		host := &v1beta1.SSHHost{ObjectMeta: metav1.ObjectMeta{Name: "h1", Namespace: "pool"}, Spec: v1beta1.SSHHostSpec{
-			Address: h.Address, Port: int32(h.Port), User: "kpssh", SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"},
-			ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{v1beta1.TrustedSigner(f.signer.pub)}},
-			Status: v1beta1.SSHHostStatus{HostKeyFingerprint: h.Fingerprint}}
-		c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(&corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "pool", Name: "key"}, Data: map[string][]byte{"privateKey": f.login.priv}}).Build()
-		r := phase.New(f.e, hostkey.New(c), nil)
+		host, r := f.verifiedRunner(h)
 		prof := &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: profileName}, Spec: v1beta1.SSHJoinProfileSpec{Version: "3",
 			Scripts: &v1beta1.ProfileScripts{Install: "set -euo pipefail\n", Join: v1beta1.Script(joinScript), Leave: "set -euo pipefail\n"}}}
 		rctx := engine.Context{HostAddress: h.Address, NodeAddress: h.Address}
