@@ -128,7 +128,7 @@ func sign(o signOptions, warn io.Writer) (string, error) {
 	var b strings.Builder
 	b.WriteString("signatures:\n")
 	n := 0
-	for _, ph := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall, engine.PhaseReboot} {
+	for _, ph := range engine.Phases {
 		src, ok := profile.Source(p, ph)
 		if !ok || !want[string(ph)] {
 			continue

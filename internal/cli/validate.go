@@ -158,7 +158,7 @@ func ValidateFiles(p *v1beta1.SSHJoinProfile, classes []*v1beta1.SSHNodeClass, h
 // manifest are checked, the trust is not (a note says so).
 func checkSignatures(p *v1beta1.SSHJoinProfile, host *v1beta1.SSHHost) ([]string, bool) {
 	sg := p.Spec.Signatures
-	signed := sg != nil && (sg.Install != "" || sg.Join != "" || sg.Leave != "" || sg.Uninstall != "")
+	signed := sg != nil && (sg.Install != "" || sg.Join != "" || sg.Leave != "" || sg.Uninstall != "" || sg.Reboot != "")
 	if !signed {
 		if host != nil && host.Spec.ExecMode == v1beta1.ExecModeVerified {
 			return []string{fmt.Sprintf("SSHHost %s: execMode Verified: SSHJoinProfile %s carries no signatures (sign it with kpssh sign)", host.Name, p.Name)}, false
@@ -167,8 +167,14 @@ func checkSignatures(p *v1beta1.SSHJoinProfile, host *v1beta1.SSHHost) ([]string
 	}
 	var lines []string
 	ok := true
-	for _, ph := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall} {
+	for _, ph := range engine.Phases {
 		if _, present := profile.Source(p, ph); !present {
+			continue
+		}
+		if ph == engine.PhaseReboot && strings.TrimSpace(string(sg.Reboot)) == "" {
+			// Reboot is optional: unsigned, a Verified host refuses it and
+			// Karpenter's repair replaces the node instead.
+			lines = append(lines, fmt.Sprintf("SSHJoinProfile %s: warning: no signatures.reboot: a Verified host cannot reboot in place (sign it with kpssh sign -phases ...,reboot)", p.Name))
 			continue
 		}
 		h := host
@@ -214,6 +220,8 @@ func selfSigner(p *v1beta1.SSHJoinProfile, ph engine.Phase) (string, error) {
 		raw = p.Spec.Signatures.Leave
 	case engine.PhaseUninstall:
 		raw = p.Spec.Signatures.Uninstall
+	case engine.PhaseReboot:
+		raw = p.Spec.Signatures.Reboot
 	}
 	if strings.TrimSpace(string(raw)) == "" {
 		return "", fmt.Errorf("execMode Verified: join profile %s has no signatures.%s (sign it with kpssh sign)", p.Name, ph)

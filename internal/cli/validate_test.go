@@ -204,6 +204,7 @@ spec:
 		{"trusted signer", []string{signed, "--host", trusting}, ExitOK, "join script has no `set -euo pipefail`"},
 		{"untrusted signer", []string{signed, "--host", distrusting}, ExitInvalid, "SSHJoinProfile tls: execMode Verified: install manifest signature: "},
 		{"no host: own signer, with a note", []string{signed}, ExitOK, "note: install signature verifies, signer SHA256:"},
+		{"unsigned reboot: a warning, not a failure", []string{signed, "--host", trusting}, ExitOK, "warning: no signatures.reboot: a Verified host cannot reboot in place"},
 		{"changed script", []string{tampered}, ExitInvalid, "execMode Verified: install: manifest's script-sha256 does not match the script"},
 		{"unsigned profile on a Verified host", []string{prof, "--host", trusting}, ExitInvalid, "carries no signatures"},
 	}

@@ -16,6 +16,7 @@ package engine
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -32,13 +33,14 @@ const (
 	PhaseReboot Phase = "reboot"
 )
 
+// Phases are all phases, in a join profile's order; lists over phases
+// (metric series, signatures, validation) range over it so a new phase
+// reaches every one.
+var Phases = []Phase{PhaseInstall, PhaseJoin, PhaseLeave, PhaseUninstall, PhaseReboot}
+
 // Valid reports whether p is a known phase.
 func (p Phase) Valid() bool {
-	switch p {
-	case PhaseInstall, PhaseJoin, PhaseLeave, PhaseUninstall, PhaseReboot:
-		return true
-	}
-	return false
+	return slices.Contains(Phases, p)
 }
 
 // AddressesOnly reports whether the phase gets only the host's addresses

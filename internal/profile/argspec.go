@@ -178,7 +178,7 @@ func CheckArgumentSpecs(p *v1beta1.SSHJoinProfile, nc *v1beta1.SSHNodeClass, sp 
 	}
 	vars := Vars(p, nc)
 	specRel, _ := filepath.Rel(dir, specFile)
-	for _, ph := range allPhases {
+	for _, ph := range engine.Phases {
 		entry, ok := specs[string(ph)]
 		if !ok {
 			continue

@@ -33,8 +33,6 @@ const (
 // (the controller never runs it).
 var requiredPhases = []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave}
 
-var allPhases = []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall, engine.PhaseReboot}
-
 // Source returns the engine source of one phase; ok=false when the profile
 // has nothing for that phase (e.g. no uninstall), or when its source is
 // ambiguous (the CRD rejects that; running one of two guesses would be worse).
@@ -218,7 +216,7 @@ func VerifiedWarnings(p *v1beta1.SSHJoinProfile) []string {
 		return nil
 	}
 	var out []string
-	for _, ph := range allPhases {
+	for _, ph := range engine.Phases {
 		body := string(pickScript(p.Spec.Scripts, ph))
 		if strings.TrimSpace(body) == "" || pickSignature(p.Spec.Signatures, ph) == "" {
 			continue
@@ -328,7 +326,7 @@ func Validate(p *v1beta1.SSHJoinProfile, roles RoleValidator) error {
 			return fmt.Errorf("%s: phase missing: install, join and leave are required", ph)
 		}
 	}
-	for _, ph := range allPhases {
+	for _, ph := range engine.Phases {
 		src, ok := Source(p, ph)
 		if !ok {
 			continue
@@ -353,7 +351,7 @@ func Validate(p *v1beta1.SSHJoinProfile, roles RoleValidator) error {
 		if p.Spec.Scripts == nil {
 			return errors.New("signatures: a signed profile (for Verified hosts) must be scripts, not ansible")
 		}
-		for _, ph := range allPhases {
+		for _, ph := range engine.Phases {
 			if strings.Contains(string(pickScript(p.Spec.Scripts, ph)), "{{") {
 				return fmt.Errorf("%s: the script contains {{ … }} but the profile is signed: Verified hosts run the signed bytes unrendered, so signed scripts must be template-free (use the KPSSH_* environment instead)", ph)
 			}

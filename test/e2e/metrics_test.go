@@ -193,15 +193,23 @@ var specMetrics = []struct {
 	{"kpssh_pool_hosts", "kpssh_pool_hosts", map[string][]string{"state": states(), "class": nil}},
 	{"kpssh_host_probe_duration_seconds", "kpssh_host_probe_duration_seconds_count", map[string][]string{"outcome": {"success", "error"}}},
 	{"kpssh_instance_phase_duration_seconds", "kpssh_instance_phase_duration_seconds_count", map[string][]string{
-		"phase": {string(engine.PhaseInstall), string(engine.PhaseJoin), string(engine.PhaseLeave), string(engine.PhaseUninstall)},
+		"phase": phases(),
 		"outcome": {string(engine.Succeeded), string(engine.Failed), string(engine.TimedOut), string(engine.ConfigError),
 			string(engine.Rejected)}}},
 	{"kpssh_host_zombie_actions_total", "kpssh_host_zombie_actions_total", map[string][]string{
 		"action": {host.ActionLeft, host.ActionLeaveFailed, host.ActionParkedForeign}}},
 	{"kpssh_node_startup_taint_gate_seconds", "kpssh_node_startup_taint_gate_seconds_count", nil},
 	{"kpssh_instance_shim_rejections_total", "kpssh_instance_shim_rejections_total", map[string][]string{
-		"phase":  {string(engine.PhaseInstall), string(engine.PhaseJoin), string(engine.PhaseLeave), string(engine.PhaseUninstall)},
+		"phase":  phases(),
 		"reason": {"SignatureRejected", "BadParam", "MalformedEnvelope", "UnknownPhase"}}},
+}
+
+func phases() []string {
+	var out []string
+	for _, p := range engine.Phases {
+		out = append(out, string(p))
+	}
+	return out
 }
 
 func states() []string {

@@ -33,7 +33,7 @@ var ShimRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
 
 func init() {
 	crmetrics.Registry.MustRegister(PhaseDuration, ShimRejections)
-	for _, ph := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave, engine.PhaseUninstall, engine.PhaseReboot} {
+	for _, ph := range engine.Phases {
 		for rc := int32(engine.ShimBadSignature); rc <= engine.ShimUnknownPhase; rc++ {
 			ShimRejections.WithLabelValues(string(ph), v1beta1.ShimRejectionReason(rc))
 		}
