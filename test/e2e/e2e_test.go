@@ -60,7 +60,7 @@ func TestE2E(t *testing.T) {
 		if !selected(sc.name) {
 			continue
 		}
-		if why, ok := brokenScenarios[sc.name]; ok && os.Getenv("KPSSH_E2E_ONLY") == "" {
+		if why, ok := brokenScenarios[sc.name]; ok && os.Getenv("KPSSH_E2E_ONLY") == "" && os.Getenv("KPSSH_E2E_BROKEN") == "" {
 			t.Run(sc.name, func(t *testing.T) { t.Skipf("known broken, run it with KPSSH_E2E_ONLY=%s: %s", sc.name, why) })
 			continue
 		}
@@ -80,7 +80,7 @@ func TestE2E(t *testing.T) {
 
 // brokenScenarios are out of the default sequence, each with why (the
 // issue tracker has it too): a listed scenario runs only when
-// KPSSH_E2E_ONLY names it.
+// KPSSH_E2E_ONLY names it, or in sequence with KPSSH_E2E_BROKEN=1.
 var brokenScenarios = map[string]string{
 	"ContentRole": "passes alone (KPSSH_E2E_ONLY=ContentRole, 202 s) but, after JobExec in the full sequence, no phase pod of its Job-executor half appeared within 8 min (seen once, under a loaded CI run; issue 16)",
 }
