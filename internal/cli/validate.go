@@ -157,9 +157,7 @@ func ValidateFiles(p *v1beta1.SSHJoinProfile, classes []*v1beta1.SSHNodeClass, h
 // trusted signer of each phase is its own signer: the signature and the
 // manifest are checked, the trust is not (a note says so).
 func checkSignatures(p *v1beta1.SSHJoinProfile, host *v1beta1.SSHHost) ([]string, bool) {
-	sg := p.Spec.Signatures
-	signed := sg != nil && (sg.Install != "" || sg.Join != "" || sg.Leave != "" || sg.Uninstall != "" || sg.Reboot != "")
-	if !signed {
+	if !profile.Signed(p) {
 		if host != nil && host.Spec.ExecMode == v1beta1.ExecModeVerified {
 			return []string{fmt.Sprintf("SSHHost %s: execMode Verified: SSHJoinProfile %s carries no signatures (sign it with kpssh sign)", host.Name, p.Name)}, false
 		}
@@ -171,7 +169,7 @@ func checkSignatures(p *v1beta1.SSHJoinProfile, host *v1beta1.SSHHost) ([]string
 		if _, present := profile.Source(p, ph); !present {
 			continue
 		}
-		if ph == engine.PhaseReboot && strings.TrimSpace(string(sg.Reboot)) == "" {
+		if ph == engine.PhaseReboot && strings.TrimSpace(string(profile.Signature(p, ph))) == "" {
 			// Reboot is optional: unsigned, a Verified host refuses it and
 			// Karpenter's repair replaces the node instead.
 			lines = append(lines, fmt.Sprintf("SSHJoinProfile %s: warning: no signatures.reboot: a Verified host cannot reboot in place (sign it with kpssh sign -phases ...,reboot)", p.Name))
@@ -210,19 +208,7 @@ func checkSignatures(p *v1beta1.SSHJoinProfile, host *v1beta1.SSHHost) ([]string
 
 // selfSigner is the public key line that made phase ph's signature.
 func selfSigner(p *v1beta1.SSHJoinProfile, ph engine.Phase) (string, error) {
-	var raw v1beta1.Signature
-	switch ph {
-	case engine.PhaseInstall:
-		raw = p.Spec.Signatures.Install
-	case engine.PhaseJoin:
-		raw = p.Spec.Signatures.Join
-	case engine.PhaseLeave:
-		raw = p.Spec.Signatures.Leave
-	case engine.PhaseUninstall:
-		raw = p.Spec.Signatures.Uninstall
-	case engine.PhaseReboot:
-		raw = p.Spec.Signatures.Reboot
-	}
+	raw := profile.Signature(p, ph)
 	if strings.TrimSpace(string(raw)) == "" {
 		return "", fmt.Errorf("execMode Verified: join profile %s has no signatures.%s (sign it with kpssh sign)", p.Name, ph)
 	}

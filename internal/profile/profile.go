@@ -96,8 +96,13 @@ func pickTasks(t *v1beta1.ProfileTasks, phase engine.Phase) v1beta1.TaskList {
 	return byPhase(phase, t.Install, t.Join, t.Leave, t.Uninstall, t.Reboot)
 }
 
-func pickSignature(s *v1beta1.ProfileSignatures, phase engine.Phase) v1beta1.Signature {
-	return byPhase(phase, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
+// Signature is p's signature of phase ph ("" when p carries none).
+func Signature(p *v1beta1.SSHJoinProfile, ph engine.Phase) v1beta1.Signature {
+	s := p.Spec.Signatures
+	if s == nil {
+		return ""
+	}
+	return byPhase(ph, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
 }
 
 // durationRE is the CRD's pattern; ParseDuration alone would also take
@@ -177,10 +182,7 @@ func VerifiedSource(p *v1beta1.SSHJoinProfile, ph engine.Phase, h *v1beta1.SSHHo
 		return engine.Source{}, fmt.Errorf("join profile %s is not a scripts profile: Verified hosts run signed scripts only", p.Name)
 	}
 	body := string(pickScript(p.Spec.Scripts, ph))
-	var sig v1beta1.Signature
-	if s := p.Spec.Signatures; s != nil {
-		sig = pickSignature(s, ph)
-	}
+	sig := Signature(p, ph)
 	if strings.TrimSpace(body) == "" && ph == engine.PhaseReboot {
 		// kpssh sign signs the default when scripts.reboot is absent.
 		if strings.TrimSpace(string(sig)) == "" {
@@ -212,19 +214,19 @@ func VerifiedSource(p *v1beta1.SSHJoinProfile, ph engine.Phase, h *v1beta1.SSHHo
 // command does not fail the phase). Not an error: the node class shows it as
 // a warning.
 func VerifiedWarnings(p *v1beta1.SSHJoinProfile) []string {
-	if p == nil || p.Spec.Scripts == nil || !carriesSignatures(p) {
+	if p == nil || p.Spec.Scripts == nil || !Signed(p) {
 		return nil
 	}
 	var out []string
 	for _, ph := range engine.Phases {
 		body := string(pickScript(p.Spec.Scripts, ph))
-		if strings.TrimSpace(body) == "" || pickSignature(p.Spec.Signatures, ph) == "" {
+		if strings.TrimSpace(body) == "" || Signature(p, ph) == "" {
 			continue
 		}
 		if !hasStrictMode(body) {
 			out = append(out, fmt.Sprintf("%s script has no `set -euo pipefail`: on a Verified host nothing is prepended, so a failing command would not fail the phase", ph))
 		}
-		if noParamPolicy(string(pickSignature(p.Spec.Signatures, ph))) {
+		if noParamPolicy(string(Signature(p, ph))) {
 			out = append(out, fmt.Sprintf("%s manifest has no param policy: node-class vars and the cluster endpoint and CA reach the signed script unchecked (re-sign with kpssh sign -param/-param-policy/-ca-file)", ph))
 		}
 	}
@@ -347,7 +349,7 @@ func Validate(p *v1beta1.SSHJoinProfile, roles RoleValidator) error {
 			return phaseErr(engine.PhaseReboot, err)
 		}
 	}
-	if carriesSignatures(p) {
+	if Signed(p) {
 		if p.Spec.Scripts == nil {
 			return errors.New("signatures: a signed profile (for Verified hosts) must be scripts, not ansible")
 		}
@@ -376,9 +378,14 @@ func checkOneSource(p *v1beta1.SSHJoinProfile) error {
 	return nil
 }
 
-func carriesSignatures(p *v1beta1.SSHJoinProfile) bool {
-	sg := p.Spec.Signatures
-	return sg != nil && (sg.Install != "" || sg.Join != "" || sg.Leave != "" || sg.Uninstall != "" || sg.Reboot != "")
+// Signed says whether p signs any phase.
+func Signed(p *v1beta1.SSHJoinProfile) bool {
+	for _, ph := range engine.Phases {
+		if Signature(p, ph) != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // phaseErr makes sure the message starts with the phase name (the engine's

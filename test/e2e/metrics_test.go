@@ -190,32 +190,25 @@ var specMetrics = []struct {
 	name, series string
 	labels       map[string][]string
 }{
-	{"kpssh_pool_hosts", "kpssh_pool_hosts", map[string][]string{"state": states(), "class": nil}},
+	{"kpssh_pool_hosts", "kpssh_pool_hosts", map[string][]string{"state": strs(host.AllStates), "class": nil}},
 	{"kpssh_host_probe_duration_seconds", "kpssh_host_probe_duration_seconds_count", map[string][]string{"outcome": {"success", "error"}}},
 	{"kpssh_instance_phase_duration_seconds", "kpssh_instance_phase_duration_seconds_count", map[string][]string{
-		"phase": phases(),
+		"phase": strs(engine.Phases),
 		"outcome": {string(engine.Succeeded), string(engine.Failed), string(engine.TimedOut), string(engine.ConfigError),
 			string(engine.Rejected)}}},
 	{"kpssh_host_zombie_actions_total", "kpssh_host_zombie_actions_total", map[string][]string{
 		"action": {host.ActionLeft, host.ActionLeaveFailed, host.ActionParkedForeign}}},
 	{"kpssh_node_startup_taint_gate_seconds", "kpssh_node_startup_taint_gate_seconds_count", nil},
 	{"kpssh_instance_shim_rejections_total", "kpssh_instance_shim_rejections_total", map[string][]string{
-		"phase":  phases(),
+		"phase":  strs(engine.Phases),
 		"reason": {"SignatureRejected", "BadParam", "MalformedEnvelope", "UnknownPhase"}}},
 }
 
-func phases() []string {
-	var out []string
-	for _, p := range engine.Phases {
-		out = append(out, string(p))
-	}
-	return out
-}
-
-func states() []string {
-	var out []string
-	for _, s := range host.AllStates {
-		out = append(out, string(s))
+// strs is the label values of a list of typed names.
+func strs[T ~string](in []T) []string {
+	out := make([]string, 0, len(in))
+	for _, v := range in {
+		out = append(out, string(v))
 	}
 	return out
 }
