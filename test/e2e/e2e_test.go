@@ -52,7 +52,7 @@ func TestE2E(t *testing.T) {
 		{"Releases", releases},
 		{"Verified", verified},
 		{"JobExec", jobExec},         // jobexec_test.go
-		{"ContentRole", contentRole}, // content_test.go; opt-in, see brokenScenarios
+		{"ContentRole", contentRole}, // content_test.go
 		{"Metrics", metrics},         // last: reads what the others left in Prometheus
 	}
 	failed := ""
@@ -81,9 +81,7 @@ func TestE2E(t *testing.T) {
 // brokenScenarios are out of the default sequence, each with why (the
 // issue tracker has it too): a listed scenario runs only when
 // KPSSH_E2E_ONLY names it, or in sequence with KPSSH_E2E_BROKEN=1.
-var brokenScenarios = map[string]string{
-	"ContentRole": "passes alone (KPSSH_E2E_ONLY=ContentRole, 202 s) but, after JobExec in the full sequence, no phase pod of its Job-executor half appeared within 8 min (seen once, under a loaded CI run; issue 16)",
-}
+var brokenScenarios = map[string]string{}
 
 func (w *world) withT(t *testing.T) *world {
 	c := *w

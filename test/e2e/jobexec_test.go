@@ -230,8 +230,18 @@ func (w *world) joinedBeside(first, ns, what string) *v1beta1.SSHHost {
 			b = &h
 			return true, ""
 		}
+		// Enough to tell on a timeout where the second join stalls: no
+		// claim, no Job, no pod, or a pod the kubelet cannot start.
+		var states []string
+		for _, h := range w.sshHosts() {
+			states = append(states, h.Name+"="+string(h.Status.State))
+		}
 		pods, _ := w.kubectl("-n", ns, "get", "pods", "-o", "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase", "--no-headers")
-		return false, "no second host InUse; phase pods: " + strings.Join(strings.Fields(pods), " ")
+		jobs, _ := w.kubectl("-n", ns, "get", "jobs", "-o", "custom-columns=JOB:.metadata.name,ACTIVE:.status.active,FAILED:.status.failed", "--no-headers")
+		warn, _ := w.kubectl("-n", ns, "get", "events", "--field-selector", "type=Warning", "-o", "custom-columns=OBJ:.involvedObject.name,REASON:.reason,MSG:.message", "--no-headers")
+		return false, fmt.Sprintf("no second host InUse (%d NodeClaims; hosts %s); jobs: %s; phase pods: %s; warnings: %s",
+			len(w.nodeClaims()), strings.Join(states, " "), strings.Join(strings.Fields(jobs), " "),
+			strings.Join(strings.Fields(pods), " "), strings.Join(strings.Fields(warn), " "))
 	})
 	return b
 }
