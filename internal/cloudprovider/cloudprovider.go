@@ -58,6 +58,8 @@ type CloudProvider struct {
 	AdoptTimeout time.Duration
 	// AdoptPoll is the Node poll interval in Adopt mode.
 	AdoptPoll time.Duration
+	// Repair: when node repair reboots and when it replaces.
+	Repair Repair
 
 	locks sync.Map // host name → *sync.Mutex
 	// claimed (benchmarks) is called when a claim CAS is won.
@@ -75,7 +77,7 @@ func New(c client.Client, live client.Reader, namespace string, phases Phases, t
 	return &CloudProvider{
 		Client: c, Live: live, Pool: p, Phases: phases, Tokens: tokens,
 		Cluster: clusterinfo.New(live), Recorder: rec, Clock: clk,
-		AdoptTimeout: DefaultAdoptTimeout, AdoptPoll: 2 * time.Second,
+		AdoptTimeout: DefaultAdoptTimeout, AdoptPoll: 2 * time.Second, Repair: DefaultRepair,
 	}
 }
 
@@ -88,7 +90,7 @@ func (c *CloudProvider) GetSupportedNodeClasses() []status.Object {
 }
 
 // RepairPolicies implements cloudprovider.CloudProvider.
-func (c *CloudProvider) RepairPolicies() []cloudprovider.RepairPolicy { return RepairPolicies() }
+func (c *CloudProvider) RepairPolicies() []cloudprovider.RepairPolicy { return c.Repair.Policies() }
 
 // nodeClassGK is the group/kind of our node class in nodeClassRefs.
 var nodeClassGK = schema.GroupKind{Group: v1beta1.Group, Kind: "SSHNodeClass"}

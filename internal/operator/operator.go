@@ -91,6 +91,7 @@ func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*eng
 	runner := phase.New(phases, keys, op.EventRecorder)
 	tokens := token.New(kube)
 	cp := cloudprovider.New(kube, live, o.PoolNamespace, runner, tokens, op.EventRecorder, op.Clock)
+	cp.Repair = o.Repair
 
 	hc := host.New(kube, op.EventRecorder, o.PoolNamespace)
 	hc.Keys = keys

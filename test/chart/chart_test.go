@@ -43,6 +43,7 @@ import (
 	coreoptions "sigs.k8s.io/karpenter/pkg/operator/options"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dklesev/kpssh/internal/cloudprovider"
 	"github.com/dklesev/kpssh/internal/operator/options"
 	"github.com/dklesev/kpssh/internal/providers/token"
 	"github.com/dklesev/kpssh/test/testenv"
@@ -355,22 +356,34 @@ func TestDeployment(t *testing.T) {
 		if o.Executor != options.ExecutorLocal || o.JobImage != "" {
 			t.Errorf("defaults: executor %q job image %q", o.Executor, o.JobImage)
 		}
-		if core.FeatureGates != coreoptions.DefaultFeatureGates() || core.BatchMaxDuration != 10*time.Second || core.BatchIdleDuration != time.Second {
+		// A fixed pool: repair acts (reboot first) and repair and drift
+		// terminate before they replace.
+		gates := coreoptions.DefaultFeatureGates()
+		gates.NodeRepair, gates.TerminateFirstRepair, gates.TerminateFirstDrift = true, true, true
+		if core.FeatureGates != gates || core.BatchMaxDuration != 10*time.Second || core.BatchIdleDuration != time.Second {
 			t.Errorf("defaults: Karpenter core settings %+v", core)
+		}
+		if o.Repair != cloudprovider.DefaultRepair {
+			t.Errorf("defaults: repair %+v, want %+v", o.Repair, cloudprovider.DefaultRepair)
 		}
 	})
 	// settings: Karpenter core's options as the controller parses them.
 	t.Run("settings", func(t *testing.T) {
 		objs := w.template(t, "--set", "settings.batchMaxDuration=1m,settings.batchIdleDuration=5s,settings.preferencePolicy=Ignore,settings.minValuesPolicy=BestEffort,"+
-			"settings.featureGates.NodeRepair=true,settings.featureGates.NodeOverlay=false,settings.featureGates.CapacityBuffer=true",
+			"settings.featureGates.TerminateFirstDrift=false,settings.featureGates.NodeOverlay=false,settings.featureGates.CapacityBuffer=true,"+
+			"repair.rebootAfter=0s,repair.replaceAfter=5m",
 			"--set-json", `extraEnv=[{"name":"KUBE_CLIENT_QPS","value":"50"}]`)
 		dj := convert[appsv1.Deployment](t, find(objs, "Deployment", "kpssh", "kpssh"))
-		_, core, err := parse(t, dj.Spec.Template.Spec.Containers[0].Env)
+		o, core, err := parse(t, dj.Spec.Template.Spec.Containers[0].Env)
 		if err != nil {
 			t.Fatal(err)
 		}
+		if want := (cloudprovider.Repair{ReplaceAfter: 5 * time.Minute}); o.Repair != want {
+			t.Errorf("repair %+v, want %+v", o.Repair, want)
+		}
 		want := coreoptions.DefaultFeatureGates()
-		want.NodeRepair, want.NodeOverlay, want.CapacityBuffer = true, false, true
+		want.NodeRepair, want.TerminateFirstRepair = true, true // the chart's, kept
+		want.TerminateFirstDrift, want.NodeOverlay, want.CapacityBuffer = false, false, true
 		if core.FeatureGates != want || core.BatchMaxDuration != time.Minute || core.BatchIdleDuration != 5*time.Second ||
 			core.PreferencePolicy != coreoptions.PreferencePolicyIgnore || core.MinValuesPolicy != coreoptions.MinValuesPolicyBestEffort || core.KubeClientQPS != 50 {
 			t.Errorf("settings parsed as %+v", core)
@@ -453,6 +466,7 @@ func TestBadValuesRefused(t *testing.T) {
 		{"settings.featureGates.Typo=true", "additional properties 'Typo' not allowed"},
 		{"settings.featureGates.NodeRepair=yes", "/settings/featureGates/NodeRepair"},
 		{"settings.batchMaxDuration=soon", "/settings/batchMaxDuration"},
+		{"repair.rebootAfter=10", "/repair/rebootAfter"},
 		{"settings.preferencePolicy=Maybe", "/settings/preferencePolicy"},
 		{"strategy.type=BlueGreen", "/strategy/type"},
 		{"dnsPolicy=ClusterLast", "/dnsPolicy"},

@@ -52,6 +52,10 @@ Deployment appends extraEnv and refuses names that are already here.
   value: {{ $ctx.Values.probe.timeout | quote }}
 - name: PROBE_CONCURRENCY
   value: {{ $ctx.Values.probe.concurrency | quote }}
+- name: REPAIR_REBOOT_AFTER
+  value: {{ $ctx.Values.repair.rebootAfter | quote }}
+- name: REPAIR_REPLACE_AFTER
+  value: {{ $ctx.Values.repair.replaceAfter | quote }}
 - name: METRICS_PORT
   value: {{ $ctx.Values.metrics.port | quote }}
 - name: HEALTH_PROBE_PORT

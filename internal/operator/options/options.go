@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/karpenter/pkg/utils/env"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/cloudprovider"
 	"github.com/dklesev/kpssh/internal/jobexec"
 )
 
@@ -65,6 +66,9 @@ type Options struct {
 	// JobContent (JSON, jobexec.ParseContent) mounts that content into
 	// phase pods at the same paths.
 	JobContent string
+	// Repair: when Karpenter's node repair (gate NodeRepair) reboots a
+	// NotReady node and when it replaces it.
+	Repair cloudprovider.Repair
 }
 
 // Executors.
@@ -92,6 +96,8 @@ func (o *Options) AddFlags(fs *coreoptions.FlagSet) {
 	fs.StringVar(&o.RolesPath, "roles-path", env.WithDefaultString("KPSSH_ROLES_PATH", ""), "Operator content: role directories (colon-separated), searched after the shipped roles")
 	fs.StringVar(&o.CollectionsPath, "collections-path", env.WithDefaultString("KPSSH_COLLECTIONS_PATH", ""), "Operator content: directories holding ansible_collections/ (colon-separated), searched after the shipped collection")
 	fs.StringVar(&o.JobContent, "job-content", env.WithDefaultString("KPSSH_JOB_CONTENT", ""), "Executor job: JSON {volumes, volumeMounts, initContainers} mounting the operator content into phase pods (the chart renders it)")
+	fs.DurationVar(&o.Repair.RebootAfter, "repair-reboot-after", env.WithDefaultDuration("REPAIR_REBOOT_AFTER", cloudprovider.DefaultRepair.RebootAfter), "Node repair: a node NotReady this long is rebooted in place (the profile's reboot phase); 0 = never reboot")
+	fs.DurationVar(&o.Repair.ReplaceAfter, "repair-replace-after", env.WithDefaultDuration("REPAIR_REPLACE_AFTER", cloudprovider.DefaultRepair.ReplaceAfter), "Node repair: a node NotReady this long (since its last reboot) is replaced")
 	fs.BoolVarWithEnv(&o.JobAllowManagedNodes, "job-allow-managed-nodes", "JOB_ALLOW_MANAGED_NODES", false, "Executor job: let phase pods run on nodes kpssh manages (pin them with job-node-selector: a leave may stop the kubelet under its own pod)")
 }
 
@@ -149,6 +155,9 @@ func (o *Options) Validate() error {
 				errs = append(errs, fmt.Errorf("%s: %q is not an absolute path", flag, p))
 			}
 		}
+	}
+	if err := o.Repair.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	switch o.Executor {
 	case ExecutorLocal:

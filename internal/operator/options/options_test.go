@@ -4,12 +4,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dklesev/kpssh/internal/cloudprovider"
 )
 
 func TestValidateExecutor(t *testing.T) {
 	base := func() Options {
 		return Options{PoolNamespace: "kpssh-system", ProbeInterval: time.Minute, ProbeTimeout: time.Second, ProbeConcurrency: 1, Executor: ExecutorLocal,
-			JobImagePullPolicy: "IfNotPresent", JobTTL: 15 * time.Minute, JobMemoryLimit: "512Mi"}
+			JobImagePullPolicy: "IfNotPresent", JobTTL: 15 * time.Minute, JobMemoryLimit: "512Mi", Repair: cloudprovider.DefaultRepair}
 	}
 	job := func(f func(*Options)) Options {
 		o := base()
@@ -40,6 +42,8 @@ func TestValidateExecutor(t *testing.T) {
 		{"job node selector not k=v", job(func(o *Options) { o.JobNodeSelector = "h1" }), `"h1" is not key=value`},
 		{"job node selector bad key", job(func(o *Options) { o.JobNodeSelector = "bad key=x" }), "job-node-selector bad key=x"},
 		{"job node selector twice", job(func(o *Options) { o.JobNodeSelector = "a=1,a=2" }), "a given twice"},
+		{"repair without reboot", func() Options { o := base(); o.Repair.RebootAfter = 0; return o }(), ""},
+		{"repair replaces before it reboots", func() Options { o := base(); o.Repair.ReplaceAfter = o.Repair.RebootAfter; return o }(), "must exceed reboot-after"},
 		{"content paths", func() Options { o := base(); o.RolesPath, o.CollectionsPath = "/a:/b", "/c"; return o }(), ""},
 		{"relative roles path", func() Options { o := base(); o.RolesPath = "/a:roles"; return o }(), `roles-path: "roles" is not an absolute path`},
 		{"relative collections path", func() Options { o := base(); o.CollectionsPath = "c"; return o }(), `collections-path: "c" is not an absolute path`},
