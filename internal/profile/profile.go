@@ -219,14 +219,14 @@ func VerifiedWarnings(p *v1beta1.SSHJoinProfile) []string {
 	}
 	var out []string
 	for _, ph := range engine.Phases {
-		body := string(pickScript(p.Spec.Scripts, ph))
-		if strings.TrimSpace(body) == "" || Signature(p, ph) == "" {
+		body, sig := string(pickScript(p.Spec.Scripts, ph)), string(Signature(p, ph))
+		if strings.TrimSpace(body) == "" || sig == "" {
 			continue
 		}
 		if !hasStrictMode(body) {
 			out = append(out, fmt.Sprintf("%s script has no `set -euo pipefail`: on a Verified host nothing is prepended, so a failing command would not fail the phase", ph))
 		}
-		if noParamPolicy(string(Signature(p, ph))) {
+		if noParamPolicy(sig) {
 			out = append(out, fmt.Sprintf("%s manifest has no param policy: node-class vars and the cluster endpoint and CA reach the signed script unchecked (re-sign with kpssh sign -param/-param-policy/-ca-file)", ph))
 		}
 	}
