@@ -108,6 +108,9 @@ type Options struct {
 	onStart func(pid int, dir string)
 	// onDone (tests) is called with the run directory after cleanup.
 	onDone func(dir string)
+	// afterHandOff (tests) is called with a warm runner's pid once it has
+	// its run's request.
+	afterHandOff func(pid int)
 }
 
 // Local runs phases as child processes of the calling process (executor
@@ -439,6 +442,9 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 		}
 		if w.readyOK && w.handOff(launchReq) == nil {
 			pr = w
+			if l.opts.afterHandOff != nil {
+				l.opts.afterHandOff(pr.cmd.Process.Pid)
+			}
 			l.await(ctx, pr, deadline, &f)
 			// Killed (not by this run) before its playbook started: the
 			// runner died while idle, after takeWarm saw it alive. Nothing
