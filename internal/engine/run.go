@@ -430,6 +430,7 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 		return configError(err)
 	}
 	f := facts{dir: dir.path, phase: req.Phase, timeout: timeout, connectInTask: (b.kind == kindScript && !l.opts.separateConnect) || b.kind == kindVerified}
+	progress := newProgress(req.Progress, red)
 	if w != nil {
 		// A runner still warming up reads the request when it is ready; one
 		// that failed to warm up never will: start cold instead.
@@ -440,6 +441,7 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 		case <-time.After(time.Until(deadline)): // garbage-collected once unreferenced (Go ≥ 1.23)
 			return Result{Outcome: TimedOut, ExitCode: -1, Message: fmt.Sprintf("not started: phase timed out after %s", timeout)}
 		}
+		w.ew.setOnEvent(progress)
 		if w.readyOK && w.handOff(launchReq) == nil {
 			pr = w
 			if l.opts.afterHandOff != nil {
@@ -455,7 +457,7 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 			f = facts{dir: f.dir, phase: f.phase, timeout: f.timeout, connectInTask: f.connectInTask}
 		}
 	}
-	if pr, err = l.startCold(args, launchReq, dir); err != nil {
+	if pr, err = l.startCold(args, launchReq, dir, progress); err != nil {
 		return configError(fmt.Errorf("cannot start ansible-playbook: %w", err))
 	}
 	l.await(ctx, pr, deadline, &f)
