@@ -100,8 +100,9 @@ type Options struct {
 
 	// legacyConfig and separateConnect (benchmarks): see renderConfig;
 	// slowExit: warm runners exit through the interpreter's own shutdown;
-	// legacyCleanup: `ssh -O exit` before the master is signalled.
-	legacyConfig, separateConnect, slowExit, legacyCleanup bool
+	// legacyCleanup: `ssh -O exit` before the master is signalled;
+	// noPrebuild: warm runners build no module payloads ahead.
+	legacyConfig, separateConnect, slowExit, legacyCleanup, noPrebuild bool
 
 	// onStart (tests) is called with the ansible-playbook pid and the run
 	// directory right after the process started.
