@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -102,10 +103,15 @@ func newWorld(t testing.TB) *world {
 		t.Fatalf("go build ./cmd/controller: %v\n%s", err, out)
 	}
 
+	// Planes of killed earlier runs first: their apiserver would keep this
+	// world's bridge address:6443 once the world is given the same subnet.
+	if out, err := script(ctx, repo, nil, 2*time.Minute, "controlplane.sh", "gc"); err != nil {
+		t.Logf("controlplane.sh gc: %v\n%s", err, out)
+	}
 	// Both Debian releases: h2 is Debian 13 (scenario Releases joins all three).
 	w.hosts = hostenv.UpWith(t, 3, hostenv.Options{Mirror: mirror, Releases: []string{hostenv.Bookworm, hostenv.Trixie, hostenv.Bookworm}})
 	w.plane = w.hosts.Name()
-	env := []string{"KPSSH_CP=" + w.plane}
+	env := []string{"KPSSH_CP=" + w.plane, "KPSSH_OWNER_PID=" + strconv.Itoa(os.Getpid())}
 	// A plane of an earlier, killed run of this test has the same name.
 	if _, err := script(ctx, repo, env, 2*time.Minute, "controlplane.sh", "down"); err != nil {
 		t.Fatal(err)
