@@ -213,7 +213,7 @@ func (c *CloudProvider) verifyAnswer(ctx context.Context, nodeClaim *karpv1.Node
 		if err := c.Client.Delete(ctx, nodeClaim); client.IgnoreNotFound(err) != nil {
 			return registerNow, errors.Join(failed, fmt.Errorf("delete the NodeClaim: %w", err))
 		}
-		logFor(ctx, nodeClaim).Info("verify failed; NodeClaim deleted, leave runs on the host", "host", h.Name, "message", rec.Message)
+		logFor(ctx, nodeClaim).Info("verify failed; NodeClaim deleted, leave runs on the host", "host", h.Name, "failure", rec.Message)
 	}
 	return registerNow, failed
 }
