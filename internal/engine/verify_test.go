@@ -68,7 +68,7 @@ func TestVerifyGetsInstallContext(t *testing.T) {
 // exampleVerifyScript is scripts.verify of the shipped merge patch.
 func exampleVerifyScript(t *testing.T) string {
 	t.Helper()
-	raw, err := os.ReadFile("../../examples/scripts/verify-kubelet-healthz.yaml")
+	raw, err := os.ReadFile("../../examples/scripts/verify-kubelet-healthz.patch.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +78,14 @@ func exampleVerifyScript(t *testing.T) string {
 		}
 	}
 	if err := yaml.Unmarshal(raw, &patch); err != nil || patch.Spec.Scripts.Verify == "" {
-		t.Fatalf("examples/scripts/verify-kubelet-healthz.yaml: %v (verify %q)", err, patch.Spec.Scripts.Verify)
+		t.Fatalf("examples/scripts/verify-kubelet-healthz.patch.yaml: %v (verify %q)", err, patch.Spec.Scripts.Verify)
 	}
 	return patch.Spec.Scripts.Verify
 }
 
 // TestVerifyOnHost runs the shipped verify examples — the task list
 // (examples/verify/verify.yml) and the script (examples/scripts/
-// verify-kubelet-healthz.yaml) — on a real host, against a stand-in for the
+// verify-kubelet-healthz.patch.yaml) — on a real host, against a stand-in for the
 // kubelet's healthz endpoint (127.0.0.1:10248 answering "ok"): both pass
 // with the listed device present; a missing one fails the phase naming the
 // failed task and the path; the script fails when nothing answers healthz.

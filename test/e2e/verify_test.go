@@ -22,7 +22,7 @@ import (
 const verifyProfile = "tls-bootstrap-script"
 
 // verifyGate: the script profile gets the shipped verify phase
-// (examples/scripts/verify-kubelet-healthz.yaml: the kubelet answers
+// (examples/scripts/verify-kubelet-healthz.patch.yaml: the kubelet answers
 // healthz, the paths of var verifyDevices exist; install 8m so that
 // install + join + verify fit the registration window) and the node class
 // a device no host has. Then:
@@ -37,7 +37,7 @@ const verifyProfile = "tls-bootstrap-script"
 func verifyGate(w *world, _ *state) {
 	ctx := context.Background()
 	w.mustKubectl("patch", "sshjoinprofile", verifyProfile, "--type=merge",
-		"--patch-file", filepath.Join(w.repo, "examples/scripts/verify-kubelet-healthz.yaml"))
+		"--patch-file", filepath.Join(w.repo, "examples/scripts/verify-kubelet-healthz.patch.yaml"))
 	w.mustKubectl("patch", "sshnodeclass", "pool", "--type=merge", "-p",
 		`{"spec":{"joinProfileRef":{"name":"`+verifyProfile+`"},"vars":{"verifyDevices":"/dev/kpssh-e2e-gpu0"}}}`)
 	defer func() {
