@@ -157,6 +157,10 @@ type Request struct {
 	// re-attaches instead of starting it twice. Opaque to the engine and
 	// not secret; empty means a fresh run every time. Local ignores it.
 	Key string
+	// Progress, when set, is told of each task as it starts and ends
+	// (redacted names and statuses only, never output): a long phase is
+	// not silent. Called from the run's output goroutine: it must not block.
+	Progress func(TaskProgress)
 }
 
 // Outcome is how a phase ended.

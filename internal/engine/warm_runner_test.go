@@ -145,6 +145,29 @@ func isWarmRunnerCmdline(cl []byte) bool {
 	return strings.Contains(s, "kpssh_runner.py") && !strings.Contains(s, "\x00--cold\x00")
 }
 
+// pidLog records the pids of the runs' processes in start order.
+type pidLog struct {
+	mu   sync.Mutex
+	pids []int
+}
+
+// hook chains the recording onto o.onStart.
+func (p *pidLog) hook(o *Options) {
+	prev := o.onStart
+	o.onStart = func(pid int, dir string) {
+		prev(pid, dir)
+		p.mu.Lock()
+		p.pids = append(p.pids, pid)
+		p.mu.Unlock()
+	}
+}
+
+func (p *pidLog) list() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.pids)
+}
+
 func pidAlive(pid int) bool { return syscall.Kill(pid, 0) == nil && !isZombie(pid) }
 
 // The pre-warmed runner against a real host: the next run's directory and
@@ -159,17 +182,10 @@ func TestWarmRunner(t *testing.T) {
 	}
 	w := upWorld(t, 1)
 	h := w.Host(0)
-	var mu sync.Mutex
-	var started []int
+	var started pidLog
 	e := testEngine(t, func(o *Options) {
 		o.KillGrace = 2 * time.Second
-		prev := o.onStart
-		o.onStart = func(pid int, dir string) {
-			prev(pid, dir)
-			mu.Lock()
-			started = append(started, pid)
-			mu.Unlock()
-		}
+		started.hook(o)
 	})
 	t.Cleanup(func() { _ = e.Close() })
 	ctx := context.Background()
@@ -178,7 +194,7 @@ func TestWarmRunner(t *testing.T) {
 		t.Helper()
 		return e.Run(ctx, Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Script: script}, Context: c, Timeout: timeout})
 	}
-	lastPid := func() int { mu.Lock(); defer mu.Unlock(); return started[len(started)-1] }
+	lastPid := func() int { p := started.list(); return p[len(p)-1] }
 
 	// the first run starts cold and leaves the next run's runner behind
 	mustOutcome(t, run("echo first > /tmp/kpssh-warm-1\n", time.Minute), Succeeded)
@@ -280,6 +296,48 @@ func TestWarmRunner(t *testing.T) {
 	if d := e.warmDirs(); len(d) != 0 {
 		t.Errorf("warm runners after Close: %v", d)
 	}
+}
+
+// A warm runner that dies after it was taken for a run and handed the
+// request, before its playbook started (killed by someone else: the OOM
+// killer, an operator): nothing reached the host, so the run starts cold and
+// succeeds. CI once saw this as a ConfigError "exit -1" when the runner died
+// between the pool's liveness check and the hand-off.
+func TestWarmRunnerDiesAfterHandOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real ansible-playbook against an nspawn host: skipped under -short")
+	}
+	w := upWorld(t, 1)
+	var mu sync.Mutex
+	var killed []int
+	var starts pidLog
+	e := testEngine(t, func(o *Options) {
+		starts.hook(o)
+		o.afterHandOff = func(pid int) {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(killed) == 0 { // the first warm run only
+				killed = append(killed, pid)
+				_ = syscall.Kill(-pid, syscall.SIGKILL)
+			}
+		}
+	})
+	t.Cleanup(func() { _ = e.Close() })
+	if err := e.waitWarm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Script: "echo cold > /tmp/kpssh-warm-died\n"},
+		Context: joinContext(w.Host(0)), Timeout: time.Minute})
+	mustOutcome(t, r, Succeeded)
+	mu.Lock()
+	defer mu.Unlock()
+	if started := starts.list(); len(killed) != 1 || len(started) != 2 || started[0] != killed[0] || started[1] == killed[0] {
+		t.Fatalf("killed %v, started %v: want the killed warm runner, then a cold start", killed, started)
+	}
+	if got := mustRun(t, w, 0, "cat /tmp/kpssh-warm-died"); got != "cold" {
+		t.Fatalf("host has %q", got)
+	}
+	assertNoZombieChildren(t)
 }
 
 // A launcher that cannot warm up (here: one that exits at once) costs

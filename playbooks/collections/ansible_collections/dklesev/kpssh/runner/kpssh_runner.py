@@ -55,6 +55,7 @@ import runpy
 import shutil
 import signal
 import sys
+import warnings
 
 import kpssh_sandbox as _sandbox
 
@@ -155,7 +156,17 @@ def _warm():
     import ansible.playbook.handler_task_include  # noqa: F401
     import multiprocessing.popen_fork  # noqa: F401
     from ansible.plugins.loader import (action_loader, become_loader, callback_loader, connection_loader,
-                                        inventory_loader, shell_loader, strategy_loader, vars_loader)
+                                        init_plugin_loader, inventory_loader, shell_loader, strategy_loader,
+                                        vars_loader)
+
+    # ansible-core >= 2.15 installs the collection finder in CLI.run, not
+    # at import: without it no ansible_collections.* plugin (our callback,
+    # our action plugin, ansible.builtin's routing) can load here. The run's
+    # CLI.run makes the same call with the same paths (ansible-playbook has
+    # no --collections-path; ansible.cfg is the run's) and finds the finder
+    # in place; its "already configured" warning is expected, not shown.
+    warnings.filterwarnings('ignore', message='AnsibleCollectionFinder has already been configured')
+    init_plugin_loader()
 
     # The same calls PlaybookExecutor.run, TaskQueueManager.load_callbacks and
     # the vars manager make on every run: plugin modules end up in
