@@ -325,6 +325,19 @@ func crdCases() []crdCase {
 		{name: "signatures on scripts", kind: prof, patch: "spec: {signatures: {install: '-----BEGIN SSH SIGNATURE-----'}}"},
 		{name: "signatures on ansible", kind: prof, patch: "spec: {scripts: null, ansible: {role: r}, signatures: {join: x}}", wantErr: "signatures apply to scripts profiles only"},
 		{name: "signature over 16 KiB", kind: prof, mut: setSpec("signatures", map[string]any{"join": repeat(16*1024 + 1)}), wantErr: "spec.signatures.join"},
+		// verify: optional, bounded like the other phases, its timeout defaulted
+		{name: "verify defaults its timeout", kind: prof, check: expectFields(map[string]any{"spec.timeouts.verify": "2m"})},
+		{name: "verify script", kind: prof, patch: "spec: {scripts: {verify: 'test -e /dev/kvm'}, timeouts: {install: 8m, verify: 90s}, signatures: {verify: x}}"},
+		{name: "verify tasks", kind: prof, patch: "spec: {scripts: null, ansible: {tasks: {install: '- x: 1', join: '- x: 1', leave: '- x: 1', verify: '- x: 1'}}}"},
+		{name: "verify timeout 1.5m", kind: prof, patch: `spec: {timeouts: {verify: 1.5m}}`, wantErr: "spec.timeouts.verify"},
+		{name: "verify script over 256 KiB", kind: prof, mut: func(m map[string]any) { spec(m)["scripts"].(map[string]any)["verify"] = repeat(256*1024 + 1) }, wantErr: "spec.scripts.verify"},
+		{name: "verify tasks over 256 KiB", kind: prof, patch: "spec: {scripts: null, ansible: {tasks: {install: '- x: 1', join: '- x: 1', leave: '- x: 1'}}}",
+			mut: func(m map[string]any) {
+				spec(m)["ansible"].(map[string]any)["tasks"].(map[string]any)["verify"] = repeat(256*1024 + 1)
+			}, wantErr: "spec.ansible.tasks.verify"},
+		{name: "verify signature over 16 KiB", kind: prof, mut: setSpec("signatures", map[string]any{"verify": repeat(16*1024 + 1)}), wantErr: "spec.signatures.verify"},
+		{name: "host lastPhase verify", kind: host, statusPatch: `status: {lastPhase: {phase: verify, result: Failed, failedTask: "kubelet healthz answers ok", startedAt: "2026-11-29T10:00:00Z"}, verify: {claimUID: u, result: Failed, at: "2026-11-29T10:00:01Z"}}`},
+		{name: "host status verify result enum", kind: host, statusPatch: `status: {verify: {claimUID: u, result: Maybe, at: "2026-01-01T00:00:00Z"}}`, wantErr: "status.verify.result"},
 	}
 }
 

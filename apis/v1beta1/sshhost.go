@@ -121,7 +121,7 @@ type ClaimRef struct {
 }
 
 // Phase names a lifecycle phase of a join profile.
-// +kubebuilder:validation:Enum=install;join;leave;uninstall;reboot
+// +kubebuilder:validation:Enum=install;join;leave;uninstall;reboot;verify
 type Phase string
 
 const (
@@ -130,6 +130,7 @@ const (
 	PhaseLeave     Phase = "leave"
 	PhaseUninstall Phase = "uninstall"
 	PhaseReboot    Phase = "reboot"
+	PhaseVerify    Phase = "verify"
 )
 
 // PhaseResult is the outcome of one phase run.
@@ -240,6 +241,44 @@ type SSHHostStatus struct {
 	// mirrors it.
 	// +optional
 	Reboot *HostReboot `json:"reboot,omitempty"`
+	// Verify is the outcome of the profile's verify phase under the
+	// current claim, recorded once it ran: a passed verify is not run again
+	// (Karpenter asks the registration hook until it answers), a failed one
+	// ends the claim. Cleared on release.
+	// +optional
+	Verify *HostVerify `json:"verify,omitempty"`
+}
+
+// VerifyResult is how the verify phase of a claim ended.
+// +kubebuilder:validation:Enum=Passed;Failed
+type VerifyResult string
+
+const (
+	// VerifyPassed: the verify phase succeeded; the NodeClaim registers.
+	VerifyPassed VerifyResult = "Passed"
+	// VerifyFailed: it failed, timed out or was refused; the NodeClaim is
+	// deleted, leave runs, the host is released Unhealthy.
+	VerifyFailed VerifyResult = "Failed"
+)
+
+// HostVerify records the verify phase of one claim.
+type HostVerify struct {
+	// ClaimUID is the claim whose join was verified.
+	ClaimUID types.UID    `json:"claimUID"`
+	Result   VerifyResult `json:"result"`
+	At       metav1.Time  `json:"at"`
+	// Message is the redacted failure, if any.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// VerifyOf is the verify record of claim uid, nil when there is none.
+func (h *SSHHost) VerifyOf(uid types.UID) *HostVerify {
+	if v := h.Status.Verify; v != nil && uid != "" && v.ClaimUID == uid {
+		return v
+	}
+	return nil
 }
 
 // RebootResult is where an in-place reboot stands.

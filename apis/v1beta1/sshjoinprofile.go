@@ -64,6 +64,12 @@ type ProfileScripts struct {
 	// node's units enabled; absent, kpssh's default reboot runs.
 	// +optional
 	Reboot Script `json:"reboot,omitempty"`
+	// Verify checks the joined host (kubelet healthz, expected devices, a
+	// CNI file, ...) before Karpenter completes the NodeClaim's
+	// registration; a failure fails the launch and runs leave. Absent,
+	// registration does not wait.
+	// +optional
+	Verify Script `json:"verify,omitempty"`
 }
 
 // AnsibleSource is either a role in the runner's roles path or inline task lists.
@@ -95,6 +101,9 @@ type ProfileTasks struct {
 	// Reboot: see ProfileScripts.Reboot; absent, the default reboot runs.
 	// +optional
 	Reboot TaskList `json:"reboot,omitempty"`
+	// Verify: see ProfileScripts.Verify; absent, nothing is verified.
+	// +optional
+	Verify TaskList `json:"verify,omitempty"`
 }
 
 // PhaseTimeouts bound each phase run.
@@ -113,6 +122,11 @@ type PhaseTimeouts struct {
 	// +kubebuilder:default="2m"
 	// +optional
 	Reboot Duration `json:"reboot,omitempty"`
+	// Verify bounds the verify phase. Install + join + verify must fit
+	// Karpenter's 15-minute registration window.
+	// +kubebuilder:default="2m"
+	// +optional
+	Verify Duration `json:"verify,omitempty"`
 }
 
 // ProfileSignatures holds one armored SSHSIG per script.
@@ -128,6 +142,9 @@ type ProfileSignatures struct {
 	// Reboot signs scripts.reboot: Verified hosts have no default reboot.
 	// +optional
 	Reboot Signature `json:"reboot,omitempty"`
+	// Verify signs scripts.verify.
+	// +optional
+	Verify Signature `json:"verify,omitempty"`
 }
 
 // SSHJoinProfile says how a host becomes a node.

@@ -191,7 +191,7 @@ func (r *Renderer) warn(format string, a ...any) {
 // Render resolves and renders one phase of one host.
 func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, error) {
 	if !o.Phase.Valid() {
-		return nil, usageErr("unknown phase %q (want install, join, leave, uninstall or reboot)", o.Phase)
+		return nil, usageErr("unknown phase %q (want %s)", o.Phase, engine.PhaseNames())
 	}
 	h := &v1beta1.SSHHost{}
 	key := client.ObjectKey{Namespace: o.Namespace, Name: o.Host}
@@ -565,7 +565,7 @@ func (c renderCmd) run(ctx context.Context, args []string, stdout, stderr io.Wri
 	}
 	// Bad input needs no API server.
 	if !o.Phase.Valid() {
-		return fail(usageErr("unknown phase %q (want install, join, leave, uninstall or reboot)", pos[1]))
+		return fail(usageErr("unknown phase %q (want %s)", pos[1], engine.PhaseNames()))
 	}
 	if o.Host == "" || o.Namespace == "" {
 		return fail(usageErr("HOST and --namespace must not be empty"))

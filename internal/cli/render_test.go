@@ -84,6 +84,7 @@ func scriptProfile(name, version string) *v1beta1.SSHJoinProfile {
 			Install: "echo install-" + v1beta1.Script(name) + " k8s {{ .Vars.k8sMinor }}\n",
 			Join:    "kubeadm join {{ .ClusterEndpoint }} --token \"$KPSSH_BOOTSTRAP_TOKEN\" --code {{ .Secrets.activation }}\n",
 			Leave:   "echo leave-" + v1beta1.Script(name) + "\nsystemctl disable --now kubelet\n",
+			Verify:  "test -e /dev/kvm # {{ .Vars.k8sMinor }} {{ .Secrets.activation }}\n",
 		}},
 	}
 }

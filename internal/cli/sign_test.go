@@ -225,3 +225,43 @@ func TestSignParamPolicy(t *testing.T) {
 		t.Fatalf("rc %d, want a warning about the missing policy: %s", rc, se.String())
 	}
 }
+
+// A verify phase is signed by default, and kpssh validate refuses a signed
+// profile whose verify is not: a Verified host would refuse it at every
+// launch, and no NodeClaim would ever register.
+func TestSignAndValidateVerify(t *testing.T) {
+	dir := t.TempDir()
+	keyPath, pub := signerKey(t, dir)
+	// install 8m: install + join + verify fit the registration window.
+	withVerify := signProfile + "    verify: |\n      set -euo pipefail\n      test -e /dev/kvm\n  timeouts: {install: 8m}\n"
+	prof := write(t, dir, "verify.yaml", withVerify)
+	rc, out, errs := runCmd(func(ctx context.Context, args []string, o, e *bytes.Buffer) int { return Sign(ctx, args, o, e) }, "-key", keyPath, "-manifest", prof)
+	if rc != ExitOK || !strings.Contains(out, "\n  verify: |\n") {
+		t.Fatalf("kpssh sign (default phases): rc %d, stderr %q, out:\n%s", rc, errs, out)
+	}
+	full := withVerify + "  " + strings.ReplaceAll(strings.TrimSuffix(out, "\n"), "\n", "\n  ") + "\n"
+	p := &v1beta1.SSHJoinProfile{}
+	if err := yaml.UnmarshalStrict([]byte(full), p); err != nil {
+		t.Fatal(err)
+	}
+	h := &v1beta1.SSHHost{Spec: v1beta1.SSHHostSpec{ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{v1beta1.TrustedSigner(strings.TrimSpace(string(pub)))}}}
+	src, err := profile.VerifiedSource(p, engine.PhaseVerify, h)
+	if err == nil {
+		err = engine.VerifySignature(engine.PhaseVerify, src)
+	}
+	if err != nil || !strings.Contains(src.Script, "test -e /dev/kvm") {
+		t.Fatalf("signed verify: %v", err)
+	}
+	signed := write(t, dir, "signed.yaml", full)
+	if rc, _, errs := runCmd(validateCmd, signed); rc != ExitOK {
+		t.Fatalf("validate signed: rc %d: %s", rc, errs)
+	}
+	partial, err := sign(signOptions{keyFile: keyPath, profileFile: prof, manifest: true, notAfter: "24h", phases: "install,join,leave", now: time.Now().UTC()}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unsigned := write(t, dir, "unsigned-verify.yaml", withVerify+"  "+strings.ReplaceAll(strings.TrimSuffix(partial, "\n"), "\n", "\n  ")+"\n")
+	if rc, _, errs := runCmd(validateCmd, unsigned); rc != ExitInvalid || !strings.Contains(errs, "has no signatures.verify") {
+		t.Fatalf("validate with verify unsigned: rc %d, stderr %q", rc, errs)
+	}
+}

@@ -265,7 +265,7 @@ func secretValues(m map[string]string) []string {
 }
 
 // NodeLabels is KPSSH_NODE_LABELS: the NodeClaim's labels plus the instance
-// type's single-valued ones, as `k=v,…` sorted, minus what a kubelet may not
+// type's single-valued ones (it may be nil), as `k=v,…` sorted, minus what a kubelet may not
 // set on itself (kubernetes.io/k8s.io labels outside the kubelet's allowed
 // set make kubelet refuse to start; Karpenter syncs those onto the Node) and
 // minus v1beta1.LabelHost (JoinContext adds it in Adopt mode).
@@ -403,6 +403,9 @@ func (c *CloudProvider) hostNodeClaim(ctx context.Context, h *v1beta1.SSHHost) *
 // (instance-type, arch, os, zone, capacity-type): the labels a Node of it has.
 func singleValued(it *cloudprovider.InstanceType) map[string]string {
 	out := map[string]string{}
+	if it == nil {
+		return out
+	}
 	for _, r := range it.Requirements.Values() {
 		if r.Operator() == corev1.NodeSelectorOpIn && r.Len() == 1 {
 			out[r.Key] = r.Values()[0]

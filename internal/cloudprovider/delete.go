@@ -18,7 +18,8 @@ import (
 
 // Delete implements cloudprovider.CloudProvider: run leave with the profile
 // named by the host's install marker (empty context), delete the token,
-// release the host (Available after a clean leave, Unhealthy otherwise).
+// release the host (Available after a clean leave, Unhealthy otherwise, or
+// after a failed verify).
 // Fenced: only the host whose claimRef carries this NodeClaim's name AND
 // UID is touched; anything else is NodeClaimNotFound with no side effects,
 // so a late Delete never runs leave on a successor's node.
@@ -58,6 +59,11 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		} else if err := c.deleteLeftNode(ctx, nodeClaim, h); err != nil {
 			return err // core retries; leave is idempotent
 		}
+	}
+	if v := h.VerifyOf(claim.UID); v != nil && v.Result == v1beta1.VerifyFailed && state == v1beta1.HostAvailable {
+		// The claim ended on a failed verify: leave ran, but what verify
+		// found is still on the host, and lastPhase keeps the failed task.
+		state, msg, lastPhase = v1beta1.HostUnhealthy, "verify failed under NodeClaim "+nodeClaim.Name+" (leave ran): "+v.Message, nil
 	}
 	if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil {
 		return err

@@ -17,6 +17,7 @@ package engine
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -31,12 +32,33 @@ const (
 	// PhaseReboot restarts a joined host in place; like leave it gets only
 	// the host's addresses.
 	PhaseReboot Phase = "reboot"
+	// PhaseVerify checks a joined host before its NodeClaim registers; it
+	// gets install's context (no bootstrap token).
+	PhaseVerify Phase = "verify"
 )
 
 // Phases are all phases, in a join profile's order; lists over phases
 // (metric series, signatures, validation) range over it so a new phase
 // reaches every one.
-var Phases = []Phase{PhaseInstall, PhaseJoin, PhaseLeave, PhaseUninstall, PhaseReboot}
+var Phases = []Phase{
+	PhaseInstall, PhaseJoin, PhaseLeave, PhaseUninstall, PhaseReboot,
+	PhaseVerify,
+}
+
+// PhaseNames lists the phases for messages: "install, join, …, verify".
+func PhaseNames() string {
+	var b strings.Builder
+	for i, p := range Phases {
+		switch {
+		case i == len(Phases)-1:
+			b.WriteString(" or ")
+		case i > 0:
+			b.WriteString(", ")
+		}
+		b.WriteString(string(p))
+	}
+	return b.String()
+}
 
 // Valid reports whether p is a known phase.
 func (p Phase) Valid() bool {

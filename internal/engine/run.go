@@ -327,10 +327,25 @@ func (l *Local) rebootSource(req Request) Source {
 	return req.Source
 }
 
+// noVerify: verify is optional in a role too; a role without
+// tasks/verify.yml has nothing to check, and the run succeeds without
+// touching the host.
+func (l *Local) noVerify(req Request) (Result, bool) {
+	var np *NoRolePhaseError
+	if req.Phase == PhaseVerify && req.Source.Verified == nil && strings.TrimSpace(req.Source.Role) != "" &&
+		errors.As(l.ValidateRole(req.Source.Role, PhaseVerify), &np) {
+		return Result{Outcome: Succeeded, ExitCode: -1, Message: "nothing to verify: " + np.Error()}, true
+	}
+	return Result{}, false
+}
+
 // Run executes one phase and returns its redacted result. It never panics
 // on bad input and always removes its run directory and processes.
 func (l *Local) Run(ctx context.Context, req Request) Result {
 	start := time.Now()
+	if res, skip := l.noVerify(req); skip {
+		return res
+	}
 	req.Source = l.rebootSource(req)
 	red := redactorFor(req)
 	res := l.run(ctx, req, red)

@@ -118,7 +118,9 @@ func (k *Kpssh) WithControllers(ctx context.Context, op *coreoperator.Operator) 
 	cluster := state.NewCluster(op.Clock, op.GetClient(), decorated, state.WithRepairPolicyMatcher(matcher))
 	return op.
 		WithControllers(ctx, corecontrollers.NewControllers(ctx, op.Manager, op.Clock, op.GetClient(), op.EventRecorder,
-			decorated, k.CloudProvider, cluster, op.InstanceTypeStore, op.PredictionStore)...).
+			decorated, k.CloudProvider, cluster, op.InstanceTypeStore, op.PredictionStore,
+			// Registration waits for the profile's verify phase.
+			corecontrollers.WithRegistrationHook(k.CloudProvider.VerifyHook()))...).
 		WithControllers(ctx, k.Controllers...)
 }
 

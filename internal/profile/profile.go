@@ -27,6 +27,7 @@ const (
 	DefaultLeaveTimeout     = 3 * time.Minute
 	DefaultUninstallTimeout = 10 * time.Minute
 	DefaultRebootTimeout    = 2 * time.Minute
+	DefaultVerifyTimeout    = 2 * time.Minute
 )
 
 // requiredPhases must be present in every profile; uninstall is optional
@@ -89,10 +90,16 @@ func byPhase[T any](phase engine.Phase, install, join, leave, uninstall, reboot 
 }
 
 func pickScript(s *v1beta1.ProfileScripts, phase engine.Phase) v1beta1.Script {
+	if phase == engine.PhaseVerify {
+		return s.Verify
+	}
 	return byPhase(phase, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
 }
 
 func pickTasks(t *v1beta1.ProfileTasks, phase engine.Phase) v1beta1.TaskList {
+	if phase == engine.PhaseVerify {
+		return t.Verify
+	}
 	return byPhase(phase, t.Install, t.Join, t.Leave, t.Uninstall, t.Reboot)
 }
 
@@ -102,7 +109,22 @@ func Signature(p *v1beta1.SSHJoinProfile, ph engine.Phase) v1beta1.Signature {
 	if s == nil {
 		return ""
 	}
+	if ph == engine.PhaseVerify {
+		return s.Verify
+	}
 	return byPhase(ph, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
+}
+
+// Verifies reports whether p has a verify phase: scripts.verify or
+// ansible.tasks.verify, or a role with tasks/verify.yml (a role is taken to
+// have one when roles is nil: nothing can tell).
+func Verifies(p *v1beta1.SSHJoinProfile, roles RoleValidator) bool {
+	src, ok := Source(p, engine.PhaseVerify)
+	if !ok || src.Role == "" || roles == nil {
+		return ok
+	}
+	var np *engine.NoRolePhaseError
+	return !errors.As(roles.ValidateRole(src.Role, engine.PhaseVerify), &np)
 }
 
 // durationRE is the CRD's pattern; ParseDuration alone would also take
@@ -110,9 +132,10 @@ func Signature(p *v1beta1.SSHJoinProfile, ph engine.Phase) v1beta1.Signature {
 var durationRE = regexp.MustCompile(`^([0-9]+(s|m|h))+$`)
 
 // Timeout returns the phase timeout from spec.timeouts (defaults install
-// 10m, join 5m, leave 3m, uninstall 10m). A malformed or zero value yields the
-// default: the CRD pattern already rejects malformed ones, and a zero timeout
-// would mean "no bound" to nobody's benefit.
+// 10m, join 5m, leave 3m, uninstall 10m, reboot 2m, verify 2m). A malformed
+// or zero value yields the default: the CRD pattern already rejects
+// malformed ones, and a zero timeout would mean "no bound" to nobody's
+// benefit.
 func Timeout(p *v1beta1.SSHJoinProfile, phase engine.Phase) time.Duration {
 	var raw v1beta1.Duration
 	var def time.Duration
@@ -136,6 +159,11 @@ func Timeout(p *v1beta1.SSHJoinProfile, phase engine.Phase) time.Duration {
 		def = DefaultRebootTimeout
 		if p != nil {
 			raw = p.Spec.Timeouts.Reboot
+		}
+	case engine.PhaseVerify:
+		def = DefaultVerifyTimeout
+		if p != nil {
+			raw = p.Spec.Timeouts.Verify
 		}
 	default: // uninstall has no field; an unknown phase gets the longest bound
 		def = DefaultUninstallTimeout
@@ -347,6 +375,10 @@ func Validate(p *v1beta1.SSHJoinProfile, roles RoleValidator) error {
 		var np *engine.NoRolePhaseError
 		if err := roles.ValidateRole(a.Role, engine.PhaseReboot); err != nil && !errors.As(err, &np) {
 			return phaseErr(engine.PhaseReboot, err)
+		}
+		// verify is optional: a role without tasks/verify.yml verifies nothing.
+		if err := roles.ValidateRole(a.Role, engine.PhaseVerify); err != nil && !errors.As(err, &np) {
+			return phaseErr(engine.PhaseVerify, err)
 		}
 	}
 	if Signed(p) {
