@@ -52,7 +52,7 @@ func TestHostTable(t *testing.T) {
 		}),
 	}
 	var buf bytes.Buffer
-	if err := WriteHostTable(&buf, HostRows(hosts, now)); err != nil {
+	if err := WriteHostTable(&buf, HostRows(hosts, now), false); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{

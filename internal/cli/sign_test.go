@@ -201,7 +201,7 @@ func TestSignParamPolicy(t *testing.T) {
 	}{
 		{"no endpoint rule", []string{"-manifest", "-ca-file", caFile}, "KPSSH_CLUSTER_ENDPOINT needs a rule"},
 		{"no CA rule", []string{"-manifest", "-param", "KPSSH_CLUSTER_ENDPOINT=https://a"}, "KPSSH_CLUSTER_CA_B64 needs a rule"},
-		{"v1", []string{"-param", "KPSSH_CLUSTER_ENDPOINT=https://a", "-ca-file", caFile}, "needs -manifest"},
+		{"v1", []string{"-param", "KPSSH_CLUSTER_ENDPOINT=https://a", "-ca-file", caFile}, "needs --manifest"},
 		{"bad name", []string{"-manifest", "-param", "PATH=/tmp"}, "PATH"},
 		{"not NAME=RULE", []string{"-manifest", "-param", "KPSSH_X"}, "NAME=RULE"},
 		{"bad pattern", []string{"-manifest", "-param", `KPSSH_VAR_x=re:\d+`}, "KPSSH_VAR_x"},
