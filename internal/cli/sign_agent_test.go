@@ -200,3 +200,41 @@ func TestSignAgent(t *testing.T) {
 		}
 	})
 }
+
+// TestSignPlainSSHKeygen is docs/verified.md's recipe for v1 without kpssh:
+// each script in its own file, signed by plain ssh-keygen -Y sign -n kpssh
+// (with the private key file, and with KEY.pub through the ssh-agent), the
+// .sig pasted under signatures.<phase>: the engine accepts it.
+func TestSignPlainSSHKeygen(t *testing.T) {
+	dir := t.TempDir()
+	keyPath, pub := signerKey(t, dir)
+	var p struct {
+		Spec struct{ Scripts map[string]string }
+	}
+	if err := yaml.Unmarshal([]byte(signProfile), &p); err != nil {
+		t.Fatal(err)
+	}
+	sock := startAgent(t)
+	runBounded(t, []string{"SSH_AUTH_SOCK=" + sock}, "ssh-add", keyPath)
+	for _, key := range []string{keyPath, keyPath + ".pub"} {
+		var block strings.Builder
+		block.WriteString("signatures:\n")
+		for _, ph := range []string{"install", "join", "leave"} {
+			script := filepath.Join(dir, ph+".sh")
+			_ = os.Remove(script + ".sig")
+			if err := os.WriteFile(script, []byte(p.Spec.Scripts[ph]), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			runBounded(t, []string{"SSH_AUTH_SOCK=" + sock}, "ssh-keygen", "-Y", "sign", "-f", key, "-n", "kpssh", script)
+			sig, err := os.ReadFile(script + ".sig")
+			if err != nil {
+				t.Fatal(err)
+			}
+			block.WriteString("  " + ph + ": |\n")
+			for _, l := range strings.Split(strings.TrimSuffix(string(sig), "\n"), "\n") {
+				block.WriteString("    " + l + "\n")
+			}
+		}
+		checkSigned(t, dir, block.String(), pub, false, engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave)
+	}
+}
