@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,21 +38,9 @@ func twoContextKubeconfig(t *testing.T) string {
 		t.Fatalf("envtest kubeconfig has no current context %q", cfg.CurrentContext)
 	}
 	cfg.Contexts = map[string]*clientcmdapi.Context{"envtest": admin}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	cfg.Clusters["nowhere"] = &clientcmdapi.Cluster{Server: "https://" + addr, InsecureSkipTLSVerify: true}
-	cfg.AuthInfos["nobody"] = &clientcmdapi.AuthInfo{Token: "not-a-real-token"}
-	cfg.Contexts["elsewhere"] = &clientcmdapi.Context{Cluster: "nowhere", AuthInfo: "nobody"}
+	addUnreachable(t, cfg, "elsewhere")
 	cfg.CurrentContext = "elsewhere"
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return writeKubeconfig(t, cfg)
 }
 
 // TestKubectlFlagsBinary runs the built kpssh against the real apiserver

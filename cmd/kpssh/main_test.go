@@ -154,17 +154,29 @@ func clusterInfoKubeconfig(t *testing.T, server string) string {
 // unreachableKubeconfig points at a loopback port nobody listens on.
 func unreachableKubeconfig(t *testing.T) string {
 	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	addUnreachable(t, cfg, "x")
+	cfg.CurrentContext = "x"
+	return writeKubeconfig(t, cfg)
+}
+
+// addUnreachable adds the context name to cfg: a loopback port nobody
+// listens on, with a made-up token.
+func addUnreachable(t *testing.T, cfg *clientcmdapi.Config, name string) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close()
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: "https://" + addr, InsecureSkipTLSVerify: true}
-	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: "not-a-real-token"}
-	cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
-	cfg.CurrentContext = "x"
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: "https://" + addr, InsecureSkipTLSVerify: true}
+	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: "not-a-real-token"}
+	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
+}
+
+func writeKubeconfig(t *testing.T, cfg *clientcmdapi.Config) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
 		t.Fatal(err)
