@@ -123,7 +123,10 @@ func (d deps) run(ctx context.Context, args []string) int {
 	if !ee.silent {
 		fmt.Fprintf(d.stderr, "%s: %v\n", c.CommandPath(), err)
 	}
-	if ee.usage {
+	switch {
+	case ee.usage && c == root:
+		listCommands(root, d.stderr)
+	case ee.usage:
 		c.HelpFunc()(c, nil)
 	}
 	return ee.code

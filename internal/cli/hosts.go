@@ -146,11 +146,6 @@ func dash(s string) string {
 	return s
 }
 
-// Hosts is `kpssh hosts` (args without the subcommand name).
-func Hosts(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runSub(ctx, "hosts", args, stdout, stderr)
-}
-
 func (d deps) hostsCommand() *cobra.Command {
 	var cf *clusterFlags
 	var selector string

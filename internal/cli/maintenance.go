@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -127,11 +126,6 @@ func patchJSON(ctx context.Context, c client.Client, h *v1beta1.SSHHost, body ma
 		return runtimeErr("patch SSHHost %s/%s: %w", h.Namespace, h.Name, err)
 	}
 	return nil
-}
-
-// MaintenanceCmd is `kpssh maintenance` (args without the subcommand name).
-func MaintenanceCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runSub(ctx, "maintenance", args, stdout, stderr)
 }
 
 func (d deps) maintenanceCommand() *cobra.Command {

@@ -429,13 +429,6 @@ configuration error (unknown host, bad phase, invalid profile, ...).
 flags:
 `
 
-// Render is `kpssh render` (args without the subcommand name). It writes the
-// rendering to stdout, warnings and errors to stderr, and returns the exit
-// code.
-func Render(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runSub(ctx, "render", args, stdout, stderr)
-}
-
 func (d deps) renderCommand() *cobra.Command {
 	var cf *clusterFlags
 	var ncName, profileFile, hostFile, classFile, secretFile string

@@ -68,8 +68,10 @@ func (d deps) signCommand() *cobra.Command {
 			if err != nil {
 				return usageErr("%v", err)
 			}
-			_, err = io.WriteString(d.stdout, out)
-			return err
+			if _, err := io.WriteString(d.stdout, out); err != nil {
+				return runtimeErr("write output: %w", err)
+			}
+			return nil
 		})
 	fs := c.Flags()
 	fs.StringVar(&o.keyFile, "key", "", "`KEY` to sign with: an unencrypted OpenSSH private key file (e.g. from ssh-keygen -t ed25519), or the ssh-agent's key by its public key file (KEY.pub) or fingerprint (SHA256:...)")

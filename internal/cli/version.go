@@ -79,8 +79,7 @@ func (d deps) versionCommand() *cobra.Command {
 			var err error
 			switch output {
 			case "":
-				_, err = fmt.Fprintf(d.stdout, "kpssh:     %s\ncommit:    %s\ngo:        %s %s\nkarpenter: %s\n", v.Version, v.Commit, v.Go, v.Platform, v.Karpenter)
-				return err
+				b = fmt.Appendf(nil, "kpssh:     %s\ncommit:    %s\ngo:        %s %s\nkarpenter: %s\n", v.Version, v.Commit, v.Go, v.Platform, v.Karpenter)
 			case "json":
 				b, err = json.MarshalIndent(v, "", "  ")
 				b = append(b, '\n')
@@ -92,7 +91,10 @@ func (d deps) versionCommand() *cobra.Command {
 			if err == nil {
 				_, err = d.stdout.Write(b)
 			}
-			return err
+			if err != nil {
+				return runtimeErr("write output: %w", err)
+			}
+			return nil
 		})
 	c.Flags().StringVarP(&output, "output", "o", "", "output `format`: json or yaml (default: lines)")
 	_ = c.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
