@@ -230,18 +230,18 @@ func TestKubectlFlagsBinary(t *testing.T) {
 		if err := os.WriteFile(sf, []byte(script), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		// bash runs the script's completion function as it would on TAB.
+		// bash runs the script's completion function as it would on TAB,
+		// with bash-completion loaded (cobra's script needs it, as kubectl's
+		// does; hack/deps.sh installs it).
+		const bashCompletion = "/usr/share/bash-completion/bash_completion"
+		if _, err := os.Stat(bashCompletion); err != nil {
+			t.Fatalf("bash-completion is not installed (make deps): %v", err)
+		}
 		complete := func(line string) []string {
 			t.Helper()
-			words := strings.Fields(line)
-			if strings.HasSuffix(line, " ") {
-				words = append(words, "")
-			}
-			q := make([]string, len(words))
-			for i, w := range words {
-				q[i] = "'" + w + "'"
-			}
-			out, _ := run(t, cli.ExitOK, "bash", "-c", `source "$1"; COMP_WORDS=(`+strings.Join(q, " ")+`); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); COMP_LINE="$2"; COMP_POINT=${#COMP_LINE}; __start_kpssh; printf '%s\n' "${COMPREPLY[@]}"`, "bash", sf, line)
+			out, _ := run(t, cli.ExitOK, "bash", "-c", `source "$1"; source "$2"; read -ra COMP_WORDS <<< "$3"; [[ "$3" == *" " ]] && COMP_WORDS+=("")
+COMP_CWORD=$((${#COMP_WORDS[@]}-1)); COMP_LINE="$3"; COMP_POINT=${#COMP_LINE}
+__start_kpssh 2>/dev/null; printf '%s\n' "${COMPREPLY[@]}"`, "bash", bashCompletion, sf, line)
 			return strings.Fields(out)
 		}
 		if got := complete("kpssh "); !slices.Contains(got, "hosts") || !slices.Contains(got, "maintenance") || !slices.Contains(got, "version") {
