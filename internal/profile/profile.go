@@ -214,7 +214,7 @@ func VerifiedSource(p *v1beta1.SSHJoinProfile, ph engine.Phase, h *v1beta1.SSHHo
 	if strings.TrimSpace(body) == "" && ph == engine.PhaseReboot {
 		// kpssh sign signs the default when scripts.reboot is absent.
 		if strings.TrimSpace(string(sig)) == "" {
-			return engine.Source{}, fmt.Errorf("join profile %s has no signatures.reboot: the shim runs signed scripts only, and the default reboot is signed like any other (kpssh sign -phases ...,reboot signs scripts.reboot, or the default when there is none)", p.Name)
+			return engine.Source{}, fmt.Errorf("join profile %s has no signatures.reboot: the shim runs signed scripts only, and the default reboot is signed like any other (kpssh sign --phases ...,reboot signs scripts.reboot, or the default when there is none)", p.Name)
 		}
 		body = engine.DefaultRebootScript
 	}
@@ -255,7 +255,7 @@ func VerifiedWarnings(p *v1beta1.SSHJoinProfile) []string {
 			out = append(out, fmt.Sprintf("%s script has no `set -euo pipefail`: on a Verified host nothing is prepended, so a failing command would not fail the phase", ph))
 		}
 		if noParamPolicy(sig) {
-			out = append(out, fmt.Sprintf("%s manifest has no param policy: node-class vars and the cluster endpoint and CA reach the signed script unchecked (re-sign with kpssh sign -param/-param-policy/-ca-file)", ph))
+			out = append(out, fmt.Sprintf("%s manifest has no param policy: node-class vars and the cluster endpoint and CA reach the signed script unchecked (re-sign with kpssh sign --param/--param-policy/--ca-file)", ph))
 		}
 	}
 	return out
