@@ -2,7 +2,9 @@ package cli
 
 import (
 	"context"
+	"maps"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -110,11 +112,8 @@ func (f *clusterFlags) completeContexts(*cobra.Command, []string, string) ([]cob
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
-	var out []cobra.Completion
-	for name := range raw.Contexts {
-		out = append(out, name)
-	}
-	return out, cobra.ShellCompDirectiveNoFileComp
+	// sorted: a map's order would make the list differ from one TAB to the next
+	return slices.Sorted(maps.Keys(raw.Contexts)), cobra.ShellCompDirectiveNoFileComp
 }
 
 // completeNamespaces offers the cluster's namespaces for -n.
