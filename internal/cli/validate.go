@@ -99,6 +99,9 @@ func Validate(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return fail(err)
 	}
 	res := ValidateFiles(p, classes, host, roles)
+	if a := p.Spec.Ansible; roles.noAnsible && a != nil && strings.TrimSpace(a.Role) != "" {
+		res.Lines = append(res.Lines, fmt.Sprintf("SSHJoinProfile %s: note: ansible's own load of role %s (ansible-playbook --syntax-check, which the controller runs on operator roles) not run: ansible-playbook is not on PATH", p.Name, a.Role))
+	}
 	for _, l := range res.Lines {
 		fmt.Fprintf(stderr, "kpssh validate: %s\n", l)
 	}

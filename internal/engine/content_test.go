@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // writeTree writes files (path relative to root → content) under root.
@@ -217,4 +218,116 @@ func TestContentRolesRun(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestValidateRoleAnsibleSyntax: a role whose files are valid YAML but which
+// ansible cannot load — two actions in one task, a module that exists
+// nowhere, a dependency on a role that does not, an import of a missing
+// file, a broken handler — is refused by ValidateRole with ansible's own
+// message naming the file and line (ansible-playbook --syntax-check of the
+// play a run renders), before any host: the node class condition. The
+// verdict is cached until a file of the role changes.
+func TestValidateRoleAnsibleSyntax(t *testing.T) {
+	e, roles, _, _ := contentEngine(t)
+	cases := []struct {
+		role  string
+		files map[string]string
+		phase Phase
+		want  []string
+	}{
+		{"two_actions", map[string]string{"tasks/join.yml": "- name: two\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n"},
+			PhaseJoin, []string{"conflicting action statements: ansible.builtin.command, ansible.builtin.shell", "two_actions/tasks/join.yml:1:3"}},
+		{"no_module", map[string]string{"tasks/install.yml": "- name: nowhere\n  acme.nothing.frobnicate:\n    x: 1\n"},
+			PhaseInstall, []string{"couldn't resolve module/action 'acme.nothing.frobnicate'", "no_module/tasks/install.yml:1:3"}},
+		{"missing_dep", map[string]string{"meta/main.yml": "dependencies:\n  - role: not_there\n"},
+			PhaseJoin, []string{"the role 'not_there' was not found", "missing_dep/meta/main.yml:2"}},
+		{"bad_import", map[string]string{"tasks/join.yml": "- name: steps\n  ansible.builtin.import_tasks: steps.yml\n"},
+			PhaseJoin, []string{"steps.yml", "(while loading " + filepath.Join(roles, "bad_import") + ")"}},
+		{"bad_handler", map[string]string{"handlers/main.yml": "- name: restart\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n"},
+			PhaseLeave, []string{"conflicting action statements", "bad_handler/handlers/main.yml:1:3"}},
+	}
+	for _, c := range cases {
+		t.Run(c.role, func(t *testing.T) {
+			writeTree(t, roles, prefix(c.role+"/", contentRole(c.role)))
+			writeTree(t, roles, prefix(c.role+"/", c.files))
+			err := e.ValidateRole(c.role, c.phase)
+			mustErr(t, err, append([]string{"role " + c.role + ": ansible cannot load it: "}, c.want...)...)
+			t.Logf("%v", err)
+			if err != nil && strings.Contains(err.Error(), "kpssh-") {
+				t.Errorf("the message names the check's run directory: %v", err)
+			}
+		})
+	}
+
+	t.Run("cached until the role changes", func(t *testing.T) {
+		writeTree(t, roles, prefix("cached/", contentRole("cached")))
+		n := e.syntax.runs.Load()
+		for i := 0; i < 3; i++ {
+			if err := e.ValidateRole("cached", PhaseJoin); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, ph := range []Phase{PhaseInstall, PhaseLeave} {
+			if err := e.ValidateRole("cached", ph); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := e.syntax.runs.Load() - n; got != 1 {
+			t.Errorf("5 validations of an unchanged role ran ansible %d times, want 1 (all phases at once)", got)
+		}
+		writeTree(t, roles, map[string]string{"cached/tasks/join.yml": "- name: two\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n"})
+		mustErr(t, e.ValidateRole("cached", PhaseJoin), "conflicting action statements")
+		writeTree(t, roles, prefix("cached/", contentRole("fixed")))
+		if err := e.ValidateRole("cached", PhaseJoin); err != nil {
+			t.Errorf("fixed role still refused: %v", err)
+		}
+		if got := e.syntax.runs.Load() - n; got != 3 {
+			t.Errorf("ansible ran %d times for 3 versions of the role, want 3", got)
+		}
+	})
+	t.Run("the shipped roles are not checked again", func(t *testing.T) {
+		n := e.syntax.runs.Load()
+		for _, r := range []string{"dklesev.kpssh.tls_bootstrap", "dklesev.kpssh.sbc"} {
+			if err := e.ValidateRole(r, PhaseJoin); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := e.syntax.runs.Load() - n; got != 0 {
+			t.Errorf("ansible ran %d times for the shipped role", got)
+		}
+	})
+}
+
+func TestSyntaxMessage(t *testing.T) {
+	const loading = "/r/x"
+	for _, c := range []struct{ stderr, want string }{
+		{"[WARNING]: noise\n[ERROR]: conflicting action statements: a, b\nOrigin: /r/x/tasks/join.yml:1:3\n\n1 - name: two\n    ^ column 3\n",
+			"conflicting action statements: a, b (/r/x/tasks/join.yml:1:3)"},
+		{"[ERROR]: Unable to retrieve file contents.\nCould not find 'steps.yml'\n", "Unable to retrieve file contents. Could not find 'steps.yml' (while loading " + loading + ")"},
+		{"ERROR! conflicting action statements\n\nThe error appears to be in '/r/x/tasks/join.yml': line 1, column 3\n",
+			"conflicting action statements The error appears to be in '/r/x/tasks/join.yml': line 1, column 3"},
+		{"kpssh sandbox: landlock refused\n", ""},
+		{"", ""},
+	} {
+		if got := syntaxMessage(c.stderr, loading); got != c.want {
+			t.Errorf("syntaxMessage(%q) = %q, want %q", c.stderr, got, c.want)
+		}
+	}
+	if got := syntaxMessage("[ERROR]: "+strings.Repeat("é", 1000), loading); len(got) > maxSyntaxMessage+len("…") || !utf8.ValidString(got) {
+		t.Errorf("long message: %d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
+	}
+}
+
+func FuzzSyntaxMessage(f *testing.F) {
+	f.Add("[ERROR]: x\nOrigin: /a:1:2\n")
+	f.Add("ERROR! y")
+	f.Fuzz(func(t *testing.T, s string) {
+		got := syntaxMessage(s, "/r/tasks/join.yml")
+		if len(got) > maxSyntaxMessage+len("…") {
+			t.Fatalf("%d bytes", len(got))
+		}
+		if strings.ContainsAny(got, "\n\r") {
+			t.Fatalf("more than one line: %q", got)
+		}
+	})
 }
