@@ -331,3 +331,63 @@ func FuzzSyntaxMessage(f *testing.F) {
 		}
 	})
 }
+
+// TestBrokenContentOtherRolesRun: content that is broken in every way the
+// node class reports — an unreadable source (a symlink loop as a roles
+// directory, as a collections directory and inside ansible_collections),
+// a role with a YAML syntax error, a role ansible cannot load, a collection
+// whose meta/runtime.yml and galaxy.yml are not YAML, a second copy of the
+// project's collection — sits in the search paths while other profiles'
+// phases run on a real host: a good operator role's join (short name and
+// FQCN) and a script succeed. Only the broken roles' own runs fail.
+func TestBrokenContentOtherRolesRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real hosts: not in -short")
+	}
+	base := t.TempDir()
+	roles, coll := filepath.Join(base, "roles"), filepath.Join(base, "coll")
+	loop := filepath.Join(base, "loop")
+	if err := os.Symlink(loop, loop); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, roles, prefix("site_join/", contentRole("short")))
+	writeTree(t, roles, prefix("yaml_broken/", contentRole("x")))
+	writeTree(t, roles, map[string]string{"yaml_broken/defaults/main.yml": "a: [unclosed\n"})
+	writeTree(t, roles, prefix("ansible_broken/", contentRole("x")))
+	writeTree(t, roles, map[string]string{"ansible_broken/tasks/join.yml": "- name: two\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n"})
+	if err := os.Symlink(filepath.Join(roles, "loop_role"), filepath.Join(roles, "loop_role")); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, coll, prefix("ansible_collections/acme/site/roles/site_join/", contentRole("fqcn")))
+	writeTree(t, coll, map[string]string{
+		"ansible_collections/acme/bad/meta/runtime.yml": "requires_ansible: [unclosed\n",
+		"ansible_collections/acme/bad/galaxy.yml":       "namespace: [unclosed\n",
+		// a second copy of the project's collection: never loaded
+		"ansible_collections/dklesev/kpssh/meta/runtime.yml": "requires_ansible: [unclosed\n",
+	})
+	if err := os.Symlink(filepath.Join(coll, "ansible_collections", "loop"), filepath.Join(coll, "ansible_collections", "loop")); err != nil {
+		t.Fatal(err)
+	}
+	e := testEngine(t, func(o *Options) {
+		o.RolesPath = append(o.RolesPath, loop, roles)
+		o.ExtraCollectionsPaths = []string{loop, coll}
+	})
+	// what the node class would say of each broken one
+	mustErr(t, e.ValidateRole("yaml_broken", PhaseJoin), "content source "+loop+" is unreadable")
+	mustErr(t, e.ValidateRole("acme.bad.x", PhaseJoin), "content source "+loop+" is unreadable")
+
+	w := upWorld(t, 1)
+	for _, role := range []string{"site_join", "acme.site.site_join"} {
+		r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Role: role}, Context: joinContext(w.Host(0)), Timeout: 2 * time.Minute})
+		mustOutcome(t, r, Succeeded)
+	}
+	r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Script: "echo script > /var/lib/kpssh-content-script"},
+		Context: joinContext(w.Host(0)), Timeout: time.Minute})
+	mustOutcome(t, r, Succeeded)
+	if got := mustRun(t, w, 0, "cat /var/lib/kpssh-content-join /var/lib/kpssh-content-script"); got != "fqcn join\nscript" {
+		t.Errorf("markers %q", got)
+	}
+	// the broken roles' own runs fail before the host is touched
+	r = e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Role: "ansible_broken"}, Context: joinContext(w.Host(0)), Timeout: time.Minute})
+	mustOutcome(t, r, ConfigError)
+}
