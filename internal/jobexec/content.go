@@ -61,7 +61,7 @@ func ParseContent(s string) (Content, error) {
 			return Content{}, fmt.Errorf("job content: mountPath %q is not a clean absolute path", m.MountPath)
 		}
 		for _, r := range reservedMounts {
-			if m.MountPath == r || strings.HasPrefix(m.MountPath, r+"/") || strings.HasPrefix(r, m.MountPath+"/") {
+			if mp, rp := varRun(m.MountPath), varRun(r); mp == rp || strings.HasPrefix(mp, rp+"/") || strings.HasPrefix(rp, mp+"/") {
 				return Content{}, fmt.Errorf("job content: mountPath %s overlaps the phase pod's own %s", m.MountPath, r)
 			}
 		}
@@ -73,6 +73,15 @@ func ParseContent(s string) (Content, error) {
 		}
 	}
 	return c, nil
+}
+
+// varRun writes a path under /var/run as under /run: in the image /var/run
+// is a symlink to /run, so /run/kpssh is where the inputs are mounted.
+func varRun(p string) string {
+	if p == "/var/run" || strings.HasPrefix(p, "/var/run/") {
+		return strings.TrimPrefix(p, "/var")
+	}
+	return p
 }
 
 // optional makes v's ConfigMap and Secret sources optional. Every phase pod

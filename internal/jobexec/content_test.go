@@ -24,6 +24,9 @@ func TestParseContent(t *testing.T) {
 		`{"volumes":[{"name":"x","emptyDir":{}}],"volumeMounts":[{"name":"x","mountPath":"/tmp/x"}]}`:   "overlaps the phase pod's own /tmp",
 		`{"volumes":[{"name":"x","emptyDir":{}}],"volumeMounts":[{"name":"x","mountPath":"/var/run"}]}`: "overlaps the phase pod's own " + InputDir,
 		`{"initContainers":[{"name":"phase","image":"x"}]}`:                                             "another name",
+		// /var/run is /run in the image
+		`{"volumes":[{"name":"x","emptyDir":{}}],"volumeMounts":[{"name":"x","mountPath":"/run/kpssh"}]}`: "overlaps the phase pod's own " + InputDir,
+		`{"volumes":[{"name":"x","emptyDir":{}}],"volumeMounts":[{"name":"x","mountPath":"/run"}]}`:       "overlaps the phase pod's own " + InputDir,
 	} {
 		if _, err := ParseContent(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", in, err, want)
