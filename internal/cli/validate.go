@@ -103,6 +103,9 @@ func (d deps) validate(pos []string, classFile, hostFile string, content []strin
 		return err
 	}
 	res := ValidateFiles(p, classes, host, roles)
+	if a := p.Spec.Ansible; roles.noAnsible && a != nil && strings.TrimSpace(a.Role) != "" {
+		res.Lines = append(res.Lines, fmt.Sprintf("SSHJoinProfile %s: note: ansible's own load of role %s (ansible-playbook --syntax-check, which the controller runs on operator roles) not run: ansible-playbook is not on PATH", p.Name, a.Role))
+	}
 	for _, l := range res.Lines {
 		fmt.Fprintf(d.stderr, "kpssh validate: %s\n", l)
 	}

@@ -61,6 +61,9 @@ type Options struct {
 	Path string
 	// NoRemoteTimeout disables the host-side timeout(1) around scripts.
 	NoRemoteTimeout bool
+	// NoRoleSyntaxCheck: ValidateRole does not run ansible-playbook
+	// --syntax-check (kpssh validate where ansible is not installed).
+	NoRoleSyntaxCheck bool
 	// MitogenStrategyPath, when set, is the directory of mitogen's strategy
 	// plugins (ansible_mitogen/plugins/strategy; in the runner image
 	// DefaultMitogenStrategyPath): role and task-list phases then run with
@@ -130,6 +133,7 @@ type Local struct {
 	// isolationErr: sandboxed, but the run directories are where every
 	// run may read (in /dev/shm)
 	isolationErr error
+	syntax       syntaxCache // ValidateRole's ansible verdicts (content.go)
 }
 
 var _ Engine = (*Local)(nil)
@@ -276,7 +280,13 @@ func (l *Local) Render(req Request, secretsMasked bool) (string, error) {
 // of the role parses, that it has tasks/<phase>.yml, and — for leave — that
 // the file is a task list using none of the values leave does not get.
 // Errors name the role, the searched paths or the offending file.
+// Last, for operator content, ansible loads the role's phases
+// (--syntax-check, cached; see roleSyntax) unless Options.NoRoleSyntaxCheck.
 func (l *Local) ValidateRole(role string, phase Phase) error {
+	return l.validateRole(role, phase, !l.opts.NoRoleSyntaxCheck)
+}
+
+func (l *Local) validateRole(role string, phase Phase, syntax bool) error {
 	if err := Validate(phase, Source{Role: role}); err != nil {
 		return err
 	}
@@ -288,7 +298,8 @@ func (l *Local) ValidateRole(role string, phase Phase) error {
 		return fmt.Errorf("role %s in %s has the name of the role in %s, which ansible loads instead: rename the later one (its collection or directory)",
 			role, strings.Join(shadowed, ", "), d)
 	}
-	if err := checkRoleFiles(role, d); err != nil {
+	fingerprint, err := checkRoleFiles(role, d)
+	if err != nil {
 		return err
 	}
 	f := filepath.Join(d, "tasks", string(phase)+".yml")
@@ -297,12 +308,16 @@ func (l *Local) ValidateRole(role string, phase Phase) error {
 		return &NoRolePhaseError{Role: role, Dir: d, Phase: phase}
 	}
 	if phase.AddressesOnly() {
-		return validateLeaveFile(phase, "role "+role+" tasks/"+string(phase)+".yml", data)
-	}
-	if err := ValidateTaskList(string(data)); err != nil {
+		if err := validateLeaveFile(phase, "role "+role+" tasks/"+string(phase)+".yml", data); err != nil {
+			return err
+		}
+	} else if err := ValidateTaskList(string(data)); err != nil {
 		return fmt.Errorf("role %s: %s: %w", role, f, err)
 	}
-	return nil
+	if !syntax || l.shippedRole(d) {
+		return nil
+	}
+	return l.roleSyntax(role, d, fingerprint)
 }
 
 // NoRolePhaseError: the role resolves but has no tasks/<phase>.yml.
@@ -321,7 +336,7 @@ func (e *NoRolePhaseError) Error() string {
 func (l *Local) rebootSource(req Request) Source {
 	var np *NoRolePhaseError
 	if req.Phase == PhaseReboot && req.Source.Verified == nil && strings.TrimSpace(req.Source.Role) != "" &&
-		errors.As(l.ValidateRole(req.Source.Role, PhaseReboot), &np) {
+		errors.As(l.validateRole(req.Source.Role, PhaseReboot, false), &np) {
 		return Source{Script: DefaultRebootScript}
 	}
 	return req.Source

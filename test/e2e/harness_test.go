@@ -263,6 +263,11 @@ func (w *world) eventually(what string, timeout time.Duration, cond func() (bool
 		if s != last && s != "" {
 			w.t.Logf("waiting for %s: %s", what, s)
 		}
+		// A controller that exited by itself (a refused setting, a crash)
+		// fails the wait now, with its log, not at the timeout.
+		if why, gone := w.ctrl.exitedOnItsOwn(); gone {
+			w.t.Fatalf("waiting for %s: the controller exited on its own: %s", what, why)
+		}
 		last = s
 		if time.Now().After(deadline) {
 			w.t.Fatalf("timed out after %v waiting for %s; last: %s (controller log: %s)", timeout, what, last, w.ctrl.logPath())
@@ -430,6 +435,25 @@ func (c *controller) start() {
 	f.Close()
 	c.cmd, c.done = cmd, make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(cmd, c.done)
+}
+
+// exitedOnItsOwn reports a controller that ended without kill or stop,
+// with its exit status and the tail of its log (the log's directory is
+// removed after the run unless KPSSH_E2E_LOGS keeps it).
+func (c *controller) exitedOnItsOwn() (string, bool) {
+	if c == nil || c.cmd == nil {
+		return "", false
+	}
+	select {
+	case <-c.done:
+	default:
+		return "", false
+	}
+	b, err := os.ReadFile(c.logPath())
+	if err != nil {
+		return fmt.Sprintf("%v (log: %v)", c.cmd.ProcessState, err), true
+	}
+	return fmt.Sprintf("%v; log tail:\n%s", c.cmd.ProcessState, tail(string(b), 3000)), true
 }
 
 // kill sends sig to the controller's process group and waits for it to exit.
