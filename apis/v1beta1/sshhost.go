@@ -133,25 +133,38 @@ const (
 	PhaseVerify    Phase = "verify"
 )
 
-// PhaseResult is the outcome of one phase run.
-// +kubebuilder:validation:Enum=Succeeded;Failed;TimedOut;Rejected
+// PhaseResult is the outcome of one phase run, or Running while it runs.
+// +kubebuilder:validation:Enum=Running;Succeeded;Failed;TimedOut;Rejected
 type PhaseResult string
 
 const (
+	// PhaseRunning: the phase has not ended yet (lastPhase.currentTask
+	// says where it is). The phase's own end replaces it.
+	PhaseRunning   PhaseResult = "Running"
 	PhaseSucceeded PhaseResult = "Succeeded"
 	PhaseFailed    PhaseResult = "Failed"
 	PhaseTimedOut  PhaseResult = "TimedOut"
 	PhaseRejected  PhaseResult = "Rejected"
 )
 
-// LastPhase records the most recent phase run on a host, redacted.
+// LastPhase records the most recent phase run on a host, redacted. While a
+// phase that has run for a few seconds is still running, result is Running
+// and currentTask names the task it is at (written at most every few
+// seconds, on a claimed host); the phase's end replaces the record.
+// +kubebuilder:validation:XValidation:rule="!has(self.currentTask) || self.result == 'Running'",message="currentTask is set only while the phase is Running"
 type LastPhase struct {
 	Phase     Phase       `json:"phase"`
 	Result    PhaseResult `json:"result"`
 	StartedAt metav1.Time `json:"startedAt"`
-	// Duration of the run, e.g. "4.2s".
+	// Duration of the run, e.g. "4.2s"; while Running, how long it had run
+	// when the record was written.
 	// +optional
 	Duration metav1.Duration `json:"duration,omitempty"`
+	// CurrentTask is, while Running, the task the phase is at (the last
+	// one started, redacted).
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	CurrentTask string `json:"currentTask,omitempty"`
 	// FailedTask is the name of the Ansible task that failed, if any.
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
