@@ -6,6 +6,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -48,6 +49,6 @@ func (c *Controller) repairStaleClaim(ctx context.Context, h *v1beta1.SSHHost) (
 	if err := patchStatus(ctx, c.Client, orig, h); err != nil {
 		return reconcile.Result{}, true, err
 	}
-	log.FromContext(ctx).Info("released stale claim", "nodeclaim", ref.Name, "uid", ref.UID)
+	log.FromContext(ctx).Info("released stale claim", "NodeClaim", klog.KRef("", ref.Name), "uid", ref.UID)
 	return reconcile.Result{Requeue: true}, true, nil
 }
