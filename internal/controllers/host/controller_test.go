@@ -609,17 +609,29 @@ func TestHostOutsidePoolNamespaceIgnored(t *testing.T) {
 }
 
 func TestPoolCollector(t *testing.T) {
+	probed := func(unix int64) *metav1.Time { t := metav1.Unix(unix, 0); return &t }
 	w := newWorld(t, nil,
-		newHost("a", func(h *v1beta1.SSHHost) { h.Status.State = v1beta1.HostAvailable }),
+		newHost("a", func(h *v1beta1.SSHHost) {
+			h.Status.State = v1beta1.HostAvailable
+			h.Status.LastProbeTime = probed(1796461200)
+		}),
 		newHost("b", func(h *v1beta1.SSHHost) {
 			h.Labels = map[string]string{v1beta1.LabelHostClass: "big"}
 			h.Status.State = v1beta1.HostInUse
+			h.Status.LastProbeTime = probed(1796461321)
 		}),
-		newHost("c"), // empty state counts as Pending in class default
-		newHost("d", func(h *v1beta1.SSHHost) { h.Namespace = "elsewhere" }),
+		newHost("c"), // empty state counts as Pending in class default; never probed: no series
+		newHost("d", func(h *v1beta1.SSHHost) {
+			h.Namespace = "elsewhere"
+			h.Status.LastProbeTime = probed(1796461200)
+		}),
 	)
 	col := NewPoolCollector(w.c, ns)
 	want := `
+# HELP kpssh_host_last_probe_timestamp_seconds Unix time of each host's last probe (status.lastProbeTime), by SSHHost name.
+# TYPE kpssh_host_last_probe_timestamp_seconds gauge
+kpssh_host_last_probe_timestamp_seconds{host="a"} 1.7964612e+09
+kpssh_host_last_probe_timestamp_seconds{host="b"} 1.796461321e+09
 # HELP kpssh_pool_hosts Hosts in the pool by state and host class.
 # TYPE kpssh_pool_hosts gauge
 kpssh_pool_hosts{class="big",state="Available"} 0
