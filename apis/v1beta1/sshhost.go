@@ -2,6 +2,7 @@ package v1beta1
 
 import (
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/awslabs/operatorpkg/status"
 	corev1 "k8s.io/api/core/v1"
@@ -134,7 +135,7 @@ const (
 )
 
 // PhaseResult is the outcome of one phase run, or Running while it runs.
-// +kubebuilder:validation:Enum=Running;Succeeded;Failed;TimedOut;Rejected
+// +kubebuilder:validation:Enum=Running;Succeeded;Failed;TimedOut;Rejected;Interrupted
 type PhaseResult string
 
 const (
@@ -145,7 +146,32 @@ const (
 	PhaseFailed    PhaseResult = "Failed"
 	PhaseTimedOut  PhaseResult = "TimedOut"
 	PhaseRejected  PhaseResult = "Rejected"
+	// PhaseInterrupted: the claim the phase ran under ended before the
+	// phase's end was recorded (InterruptPhase); how it ended is unknown.
+	PhaseInterrupted PhaseResult = "Interrupted"
 )
+
+// InterruptPhase ends a Running lastPhase whose end will never be
+// recorded: the claim it ran under is being released (its end is written
+// under that claim only). Interrupted, why and the task it was at go to
+// the message. Anything else is left alone.
+func (h *SSHHost) InterruptPhase(why string) {
+	lp := h.Status.LastPhase
+	if lp == nil || lp.Result != PhaseRunning {
+		return
+	}
+	lp.Result, lp.Message = PhaseInterrupted, why
+	if lp.CurrentTask != "" {
+		lp.Message += fmt.Sprintf(" (it was at task %q)", lp.CurrentTask)
+	}
+	if n := 4096; len(lp.Message) > n { // message's MaxLength; cut on a rune boundary
+		for n > 0 && !utf8.RuneStart(lp.Message[n]) {
+			n--
+		}
+		lp.Message = lp.Message[:n]
+	}
+	lp.CurrentTask = ""
+}
 
 // LastPhase records the most recent phase run on a host, redacted. While a
 // phase that has run for a few seconds is still running, result is Running

@@ -385,12 +385,19 @@ func TestStaleClaimReleased(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, st := range []v1beta1.HostState{v1beta1.HostClaimed, v1beta1.HostInUse} {
-				objs := append([]client.Object{tokenSecret(), newHost("h1", claimed(st, "nc-1", "uid-1"))}, tc.objs...)
+				// The claim's install was shown Running when its NodeClaim went.
+				running := func(h *v1beta1.SSHHost) {
+					h.Status.LastPhase = &v1beta1.LastPhase{Phase: v1beta1.PhaseInstall, Result: v1beta1.PhaseRunning, StartedAt: metav1.Now(), CurrentTask: "fetch kubelet"}
+				}
+				objs := append([]client.Object{tokenSecret(), newHost("h1", claimed(st, "nc-1", "uid-1"), running)}, tc.objs...)
 				w := newWorld(t, nil, objs...)
 				w.reconcile(t, "h1")
 				h := w.host(t, "h1")
 				if h.Status.State != v1beta1.HostPending || h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" || h.Status.ProviderID != "" {
 					t.Fatalf("%s: status %+v", st, h.Status)
+				}
+				if lp := h.Status.LastPhase; lp.Result != v1beta1.PhaseInterrupted || lp.CurrentTask != "" || !strings.Contains(lp.Message, `NodeClaim nc-1 no longer exists`) || !strings.Contains(lp.Message, `"fetch kubelet"`) {
+					t.Fatalf("%s: an unfinished phase after the release: %+v", st, lp)
 				}
 				err := w.c.Get(context.Background(), client.ObjectKey{Namespace: "kube-system", Name: "bootstrap-token-abcdef"}, &corev1.Secret{})
 				if err == nil {
