@@ -635,10 +635,10 @@ func TestPoolCollector(t *testing.T) {
 	)
 	col := NewPoolCollector(w.c, ns)
 	want := `
-# HELP kpssh_host_last_probe_timestamp_seconds Unix time of each host's last probe (status.lastProbeTime), by SSHHost name.
+# HELP kpssh_host_last_probe_timestamp_seconds Unix time of each host's last probe (status.lastProbeTime), by SSHHost name and host class.
 # TYPE kpssh_host_last_probe_timestamp_seconds gauge
-kpssh_host_last_probe_timestamp_seconds{host="a"} 1.7964612e+09
-kpssh_host_last_probe_timestamp_seconds{host="b"} 1.796461321e+09
+kpssh_host_last_probe_timestamp_seconds{class="big",host="b"} 1.796461321e+09
+kpssh_host_last_probe_timestamp_seconds{class="default",host="a"} 1.7964612e+09
 # HELP kpssh_pool_hosts Hosts in the pool by state and host class.
 # TYPE kpssh_pool_hosts gauge
 kpssh_pool_hosts{class="big",state="Available"} 0

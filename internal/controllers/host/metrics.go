@@ -65,7 +65,7 @@ func init() {
 }
 
 // poolCollector computes kpssh_pool_hosts{state,class} and
-// kpssh_host_last_probe_timestamp_seconds{host} on scrape from the informer
+// kpssh_host_last_probe_timestamp_seconds{host,class} on scrape from the informer
 // cache, so the gauges are never stale (a deleted host's series goes with
 // it) and cost nothing between scrapes. Every state is emitted per known
 // class (zeros included) so `sum by (class)
@@ -84,7 +84,7 @@ func NewPoolCollector(r client.Reader, namespace string) prometheus.Collector {
 	return &poolCollector{reader: r, namespace: namespace,
 		desc: prometheus.NewDesc("kpssh_pool_hosts", "Hosts in the pool by state and host class.", []string{"state", "class"}, nil),
 		lastProbe: prometheus.NewDesc("kpssh_host_last_probe_timestamp_seconds",
-			"Unix time of each host's last probe (status.lastProbeTime), by SSHHost name.", []string{"host"}, nil)}
+			"Unix time of each host's last probe (status.lastProbeTime), by SSHHost name and host class.", []string{"host", "class"}, nil)}
 }
 
 func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc; ch <- p.lastProbe }
@@ -107,7 +107,7 @@ func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		counts[cls][h.CurrentState()]++
 		if t := h.Status.LastProbeTime; t != nil {
-			ch <- prometheus.MustNewConstMetric(p.lastProbe, prometheus.GaugeValue, float64(t.Unix()), h.Name)
+			ch <- prometheus.MustNewConstMetric(p.lastProbe, prometheus.GaugeValue, float64(t.Unix()), h.Name, cls)
 		}
 	}
 	for cls, byState := range counts {
