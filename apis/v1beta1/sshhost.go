@@ -2,6 +2,7 @@ package v1beta1
 
 import (
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/awslabs/operatorpkg/status"
 	corev1 "k8s.io/api/core/v1"
@@ -133,25 +134,63 @@ const (
 	PhaseVerify    Phase = "verify"
 )
 
-// PhaseResult is the outcome of one phase run.
-// +kubebuilder:validation:Enum=Succeeded;Failed;TimedOut;Rejected
+// PhaseResult is the outcome of one phase run, or Running while it runs.
+// +kubebuilder:validation:Enum=Running;Succeeded;Failed;TimedOut;Rejected;Interrupted
 type PhaseResult string
 
 const (
+	// PhaseRunning: the phase has not ended yet (lastPhase.currentTask
+	// says where it is). The phase's own end replaces it.
+	PhaseRunning   PhaseResult = "Running"
 	PhaseSucceeded PhaseResult = "Succeeded"
 	PhaseFailed    PhaseResult = "Failed"
 	PhaseTimedOut  PhaseResult = "TimedOut"
 	PhaseRejected  PhaseResult = "Rejected"
+	// PhaseInterrupted: the claim the phase ran under ended before the
+	// phase's end was recorded (InterruptPhase); how it ended is unknown.
+	PhaseInterrupted PhaseResult = "Interrupted"
 )
 
-// LastPhase records the most recent phase run on a host, redacted.
+// InterruptPhase ends a Running lastPhase whose end will never be
+// recorded: the claim it ran under is being released (its end is written
+// under that claim only). Interrupted, why and the task it was at go to
+// the message. Anything else is left alone.
+func (h *SSHHost) InterruptPhase(why string) {
+	lp := h.Status.LastPhase
+	if lp == nil || lp.Result != PhaseRunning {
+		return
+	}
+	lp.Result, lp.Message = PhaseInterrupted, why
+	if lp.CurrentTask != "" {
+		lp.Message += fmt.Sprintf(" (it was at task %q)", lp.CurrentTask)
+	}
+	if n := 4096; len(lp.Message) > n { // message's MaxLength; cut on a rune boundary
+		for n > 0 && !utf8.RuneStart(lp.Message[n]) {
+			n--
+		}
+		lp.Message = lp.Message[:n]
+	}
+	lp.CurrentTask = ""
+}
+
+// LastPhase records the most recent phase run on a host, redacted. While a
+// phase that has run for a few seconds is still running, result is Running
+// and currentTask names the task it is at (written at most every few
+// seconds, on a claimed host); the phase's end replaces the record.
+// +kubebuilder:validation:XValidation:rule="!has(self.currentTask) || self.result == 'Running'",message="currentTask is set only while the phase is Running"
 type LastPhase struct {
 	Phase     Phase       `json:"phase"`
 	Result    PhaseResult `json:"result"`
 	StartedAt metav1.Time `json:"startedAt"`
-	// Duration of the run, e.g. "4.2s".
+	// Duration of the run, e.g. "4.2s"; while Running, how long it had run
+	// when the record was written.
 	// +optional
 	Duration metav1.Duration `json:"duration,omitempty"`
+	// CurrentTask is, while Running, the task the phase is at (the last
+	// one started, redacted).
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	CurrentTask string `json:"currentTask,omitempty"`
 	// FailedTask is the name of the Ansible task that failed, if any.
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
@@ -40,6 +42,7 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	} else if h == nil {
 		return cloudprovider.NewNodeClaimNotFoundError(fmt.Errorf("no host is claimed by NodeClaim %s (uid %s)", nodeClaim.Name, nodeClaim.UID))
 	}
+	ctx = withHost(ctx, h)
 
 	state, msg := v1beta1.HostAvailable, "released by NodeClaim "+nodeClaim.Name
 	var lastPhase *v1beta1.LastPhase
@@ -80,7 +83,7 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		}
 		return fmt.Errorf("release host %s: %w", h.Name, err) // core retries
 	}
-	logFor(ctx, nodeClaim).Info("host left", "host", h.Name, "state", state)
+	log.FromContext(ctx).Info("host left", "state", state)
 	return nil
 }
 
@@ -96,10 +99,10 @@ func (c *CloudProvider) deleteLeftNode(ctx context.Context, nodeClaim *karpv1.No
 		return err
 	}
 	if node != "" {
-		logFor(ctx, nodeClaim).Info("deleted the Node left by the claim", "host", h.Name, "Node", node)
+		log.FromContext(ctx).Info("deleted the Node left by the claim", "Node", klog.KRef("", node))
 	}
 	if err := m.Err(h); err != nil {
-		logFor(ctx, nodeClaim).Info("no Node deleted: several are tied to the host", "host", h.Name, "nodes", m.Several)
+		log.FromContext(ctx).Info("no Node deleted: several are tied to the host", "nodes", m.Several)
 		c.Recorder.Publish(leave.AmbiguousNodes(h, m))
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
@@ -85,6 +86,7 @@ func (c *CloudProvider) verify(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	if h, err = c.heldBy(ctx, claim); err != nil || h == nil {
 		return registerNow, notHeld(nodeClaim, err)
 	}
+	ctx = withHost(ctx, h)
 	if rec := h.VerifyOf(claim.UID); rec != nil {
 		return c.verifyAnswer(ctx, nodeClaim, h, rec)
 	}
@@ -205,7 +207,7 @@ func (c *CloudProvider) verifyDone(ctx context.Context, nodeClaim *karpv1.NodeCl
 // not land) and the error keeps it from registering meanwhile.
 func (c *CloudProvider) verifyAnswer(ctx context.Context, nodeClaim *karpv1.NodeClaim, h *v1beta1.SSHHost, rec *v1beta1.HostVerify) (cloudprovider.NodeLifecycleHookResult, error) {
 	if rec.Result == v1beta1.VerifyPassed {
-		logFor(ctx, nodeClaim).Info("verify passed", "host", h.Name)
+		log.FromContext(ctx).Info("verify passed")
 		return registerNow, nil
 	}
 	failed := fmt.Errorf("host %s: %s", h.Name, rec.Message)
@@ -213,7 +215,7 @@ func (c *CloudProvider) verifyAnswer(ctx context.Context, nodeClaim *karpv1.Node
 		if err := c.Client.Delete(ctx, nodeClaim); client.IgnoreNotFound(err) != nil {
 			return registerNow, errors.Join(failed, fmt.Errorf("delete the NodeClaim: %w", err))
 		}
-		logFor(ctx, nodeClaim).Info("verify failed; NodeClaim deleted, leave runs on the host", "host", h.Name, "failure", rec.Message)
+		log.FromContext(ctx).Info("verify failed; NodeClaim deleted, leave runs on the host", "failure", rec.Message)
 	}
 	return registerNow, failed
 }

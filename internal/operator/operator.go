@@ -91,6 +91,9 @@ func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*eng
 	runner := phase.New(phases, keys, op.EventRecorder)
 	tokens := token.New(kube)
 	cp := cloudprovider.New(kube, live, o.PoolNamespace, runner, tokens, op.EventRecorder, op.Clock)
+	// A running phase shows in its host's lastPhase through the pool's
+	// narrow setter (a CAS under the claim, as every other status write).
+	runner.Status = cp.Pool
 	cp.Repair = o.Repair
 
 	hc := host.New(kube, op.EventRecorder, o.PoolNamespace)
