@@ -374,7 +374,7 @@ func (l *Local) syntaxCheck(role, roleDir string) (err error, verdict bool) {
 	if err != nil {
 		return nil, false
 	}
-	p, err := l.startCold(args, launch, dir)
+	p, err := l.startCold(args, launch, dir, nil)
 	if err != nil {
 		return nil, false
 	}
