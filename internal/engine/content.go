@@ -336,7 +336,9 @@ func (l *Local) syntaxCheck(role, roleDir string) (err error, verdict bool) {
 			phases = append(phases, ph)
 		}
 	}
-	if len(phases) == 0 {
+	// No ansible to ask (an engine not made by New: tests of the checks
+	// before it): no verdict, the run will tell.
+	if len(phases) == 0 || l.opts.AnsiblePlaybook == "" || len(l.interp) == 0 {
 		return nil, false
 	}
 	l.syntax.runs.Add(1)
