@@ -304,4 +304,3 @@ func policyRules(flags []string, file, caFile string) (map[string]envelope.Param
 	}
 	return rules, nil
 }
-
