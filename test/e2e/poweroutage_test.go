@@ -57,13 +57,13 @@ func powerOutage(w *world, st *state) {
 		w.t.Errorf("bootstrap tokens left after the release: %v", tk)
 	}
 
-	zombieLogs := w.ctrl.countLog("zombie kubelet on unclaimed host", `"sshhost":"`+name+`"`)
+	zombieLogs := w.ctrl.countLog("zombie kubelet on unclaimed host", `"SSHHost":{"name":"`+name+`"`)
 	w.hosts.Start(i)
 	on := time.Now()
 	w.allLeft("power back: zombie guard left, " + name + " Available")
 	w.t.Logf("power on → Available, units disabled in %v", time.Since(on).Round(time.Second))
 
-	if n := w.ctrl.countLog("zombie kubelet on unclaimed host", `"sshhost":"`+name+`"`); n <= zombieLogs {
+	if n := w.ctrl.countLog("zombie kubelet on unclaimed host", `"SSHHost":{"name":"`+name+`"`); n <= zombieLogs {
 		w.t.Errorf("the zombie guard did not leave %s after power came back (controller log: %s)", name, w.ctrl.logPath())
 	}
 	// Karpenter's recorder drops a repeat of the same event on the same

@@ -202,6 +202,9 @@ func TestShippedProfilesAcceptedByAPIServer(t *testing.T) {
 			if want.Spec.Timeouts.Reboot == "" { // the file leaves it to the CRD's default
 				want.Spec.Timeouts.Reboot = "2m"
 			}
+			if want.Spec.Timeouts.Verify == "" {
+				want.Spec.Timeouts.Verify = "2m"
+			}
 			for phase, body := range scripts(want) {
 				if scripts(&got)[phase] != body {
 					t.Errorf("%s script changed on the way through the apiserver", phase)
