@@ -64,6 +64,13 @@ type ProfileScripts struct {
 	// node's units enabled; absent, kpssh's default reboot runs.
 	// +optional
 	Reboot Script `json:"reboot,omitempty"`
+	// Check is the drift check of a joined host (node class hostDrift):
+	// exit 0 when the host is what install and join would leave, 1 when it
+	// drifted (its output says how), anything else when it cannot tell. It
+	// gets install's context (no bootstrap token) and must change nothing.
+	// Absent, a script profile's hosts are not checked.
+	// +optional
+	Check Script `json:"check,omitempty"`
 }
 
 // AnsibleSource is either a role in the runner's roles path or inline task lists.
@@ -113,6 +120,10 @@ type PhaseTimeouts struct {
 	// +kubebuilder:default="2m"
 	// +optional
 	Reboot Duration `json:"reboot,omitempty"`
+	// Check bounds scripts.check (default 2m); the check mode runs of role
+	// and task profiles are bounded by install's and join's.
+	// +optional
+	Check Duration `json:"check,omitempty"`
 }
 
 // ProfileSignatures holds one armored SSHSIG per script.
@@ -128,6 +139,9 @@ type ProfileSignatures struct {
 	// Reboot signs scripts.reboot: Verified hosts have no default reboot.
 	// +optional
 	Reboot Signature `json:"reboot,omitempty"`
+	// Check signs scripts.check.
+	// +optional
+	Check Signature `json:"check,omitempty"`
 }
 
 // SSHJoinProfile says how a host becomes a node.

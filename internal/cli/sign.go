@@ -35,7 +35,7 @@ func Sign(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	keyFile := fs.String("key", "", "OpenSSH private key file to sign with (unencrypted; e.g. from ssh-keygen -t ed25519)")
 	manifest := fs.Bool("manifest", false, "sign v2 manifests (phase, profile@version, script SHA-256, not-after) instead of the bare scripts")
 	notAfter := fs.String("not-after", "720h", "with -manifest: validity, a duration from now (720h) or a time (2027-01-31T00:00:00Z)")
-	phases := fs.String("phases", "install,join,leave,uninstall,reboot", "phases to sign (those the profile has; reboot: scripts.reboot or the default reboot)")
+	phases := fs.String("phases", "install,join,leave,uninstall,reboot,check", "phases to sign (those the profile has; reboot: scripts.reboot or the default reboot)")
 	var params paramFlags
 	fs.Var(&params, "param", "with -manifest: a param policy rule NAME=VALUE, NAME=sha256:HEX or NAME=re:PATTERN (repeatable)")
 	policyFile := fs.String("param-policy", "", "with -manifest: a file of NAME=RULE lines (as -param; # comments)")
@@ -199,6 +199,8 @@ func setSignature(s *v1beta1.ProfileSignatures, ph engine.Phase, v string) {
 		s.Uninstall = v1beta1.Signature(v)
 	case engine.PhaseReboot:
 		s.Reboot = v1beta1.Signature(v)
+	case engine.PhaseCheck:
+		s.Check = v1beta1.Signature(v)
 	}
 }
 

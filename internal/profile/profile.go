@@ -27,6 +27,7 @@ const (
 	DefaultLeaveTimeout     = 3 * time.Minute
 	DefaultUninstallTimeout = 10 * time.Minute
 	DefaultRebootTimeout    = 2 * time.Minute
+	DefaultCheckTimeout     = 2 * time.Minute
 )
 
 // requiredPhases must be present in every profile; uninstall is optional
@@ -53,6 +54,9 @@ func source(p *v1beta1.SSHJoinProfile, phase engine.Phase) (engine.Source, bool)
 		return engine.Source{}, false
 	}
 	s, a := p.Spec.Scripts, p.Spec.Ansible
+	if phase == engine.PhaseCheck && s == nil {
+		return engine.Source{}, false // role and task profiles check in check mode
+	}
 	switch {
 	case s != nil && a == nil:
 		body := string(pickScript(s, phase))
@@ -89,6 +93,9 @@ func byPhase[T any](phase engine.Phase, install, join, leave, uninstall, reboot 
 }
 
 func pickScript(s *v1beta1.ProfileScripts, phase engine.Phase) v1beta1.Script {
+	if phase == engine.PhaseCheck {
+		return s.Check
+	}
 	return byPhase(phase, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
 }
 
@@ -101,6 +108,9 @@ func Signature(p *v1beta1.SSHJoinProfile, ph engine.Phase) v1beta1.Signature {
 	s := p.Spec.Signatures
 	if s == nil {
 		return ""
+	}
+	if ph == engine.PhaseCheck {
+		return s.Check
 	}
 	return byPhase(ph, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
 }
@@ -136,6 +146,11 @@ func Timeout(p *v1beta1.SSHJoinProfile, phase engine.Phase) time.Duration {
 		def = DefaultRebootTimeout
 		if p != nil {
 			raw = p.Spec.Timeouts.Reboot
+		}
+	case engine.PhaseCheck:
+		def = DefaultCheckTimeout
+		if p != nil {
+			raw = p.Spec.Timeouts.Check
 		}
 	default: // uninstall has no field; an unknown phase gets the longest bound
 		def = DefaultUninstallTimeout

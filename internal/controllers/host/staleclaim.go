@@ -44,6 +44,7 @@ func (c *Controller) repairStaleClaim(ctx context.Context, h *v1beta1.SSHHost) (
 	h.Status.BootstrapTokenID = ""
 	h.Status.ProviderID = ""
 	h.SetReboot(nil, metav1.NewTime(c.Clock.Now()))
+	h.SetHostDrift(nil, "", metav1.NewTime(c.Clock.Now()))
 	setState(h, v1beta1.HostPending, "released: NodeClaim "+ref.Name+" no longer exists", metav1.NewTime(c.Clock.Now()))
 	if err := patchStatus(ctx, c.Client, orig, h); err != nil {
 		return reconcile.Result{}, true, err

@@ -103,7 +103,7 @@ func Request(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, con
 // failure is an Outcome (ConfigError when nothing reached the host).
 func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) Outcome {
 	start := r.Now()
-	res := r.run(ctx, h, p, ph, c, redact)
+	res := r.run(ctx, h, p, ph, c, redact, false)
 	if res.Duration == 0 {
 		res.Duration = r.Now().Sub(start)
 	}
@@ -118,7 +118,8 @@ func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 	return o
 }
 
-func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) engine.Result {
+// run runs one phase; check: in check mode, as a fresh run (no run key).
+func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string, check bool) engine.Result {
 	if p == nil {
 		return configResult(fmt.Errorf("no join profile for %s", ph))
 	}
@@ -141,7 +142,10 @@ func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 		return engine.Result{Outcome: engine.Failed, ExitCode: -1, Message: engine.NewRedactor(redact...).Redact("connect: " + err.Error())}
 	}
 	req.Conn.HostKey = line
-	req.Key = RunKey(h, ph)
+	req.Check = check
+	if !check {
+		req.Key = RunKey(h, ph)
+	}
 	return r.Engine.Run(ctx, req)
 }
 

@@ -313,6 +313,8 @@ func Released(h *v1beta1.SSHHost, state v1beta1.HostState, msg string, now metav
 	h.Status.JoinClaimUID = ""
 	h.Status.ProviderID = ""
 	h.SetReboot(nil, now) // a reboot belongs to the claim
+	// and so do its drift checks
+	h.SetHostDrift(nil, "", now)
 	h.SetState(state, msg, now)
 	if state == v1beta1.HostUnhealthy && msg != "" {
 		h.Status.LastProbeError = msg
