@@ -183,14 +183,14 @@ func build(req Request, rc renderConfig) (*bundle, error) {
 	if !req.Phase.Valid() {
 		return nil, fmt.Errorf("unknown phase %q (want install, join, leave, uninstall or reboot)", req.Phase)
 	}
+	if err := checkModeAllowed(req); err != nil {
+		return nil, err
+	}
 	if err := validate(req.Phase, req.Source, !rc.noTaskCheck); err != nil {
 		return nil, err
 	}
 	keyPEM, known, err := checkConnection(req.Conn)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkModeAllowed(req); err != nil {
 		return nil, err
 	}
 	ctx := phaseContext(req.Phase, req.Context)
