@@ -73,6 +73,10 @@ func TestSource(t *testing.T) {
 		{"tasks reboot", with(tasks("ti", "tj", "tl", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible.Tasks.Reboot = "tr" }), engine.PhaseReboot, engine.Source{Tasks: "tr"}, true},
 		{"role reboot (the engine falls back without tasks/reboot.yml)", role("r"), engine.PhaseReboot, engine.Source{Role: "r"}, true},
 		{"no source, no default reboot", &v1beta1.SSHJoinProfile{}, engine.PhaseReboot, engine.Source{}, false},
+		{"script check", with(scripts("i", "j", "l", ""), checkScript("c")), engine.PhaseCheck, engine.Source{Script: "c"}, true},
+		{"script no check: none (no default)", scripts("i", "j", "l", ""), engine.PhaseCheck, engine.Source{}, false},
+		{"role: no check phase (check mode instead)", role("r"), engine.PhaseCheck, engine.Source{}, false},
+		{"tasks: no check phase (check mode instead)", tasks("ti", "tj", "tl", ""), engine.PhaseCheck, engine.Source{}, false},
 		{"nil profile", nil, engine.PhaseJoin, engine.Source{}, false},
 		{"no source", &v1beta1.SSHJoinProfile{}, engine.PhaseJoin, engine.Source{}, false},
 		{"both sources", both, engine.PhaseJoin, engine.Source{}, false},
@@ -114,6 +118,8 @@ func TestTimeout(t *testing.T) {
 		{"garbage", tm("", "", "soon"), engine.PhaseLeave, 3 * time.Minute},
 		{"zero", tm("", "0s", ""), engine.PhaseJoin, 5 * time.Minute},
 		{"overflow", tm("99999999999999999999h", "", ""), engine.PhaseInstall, 10 * time.Minute},
+		{"check default", tm("", "", ""), engine.PhaseCheck, 2 * time.Minute},
+		{"check set", with(tm("", "", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Timeouts.Check = "45s" }), engine.PhaseCheck, 45 * time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -196,6 +202,10 @@ func TestParseMarker(t *testing.T) {
 	}
 }
 
+func checkScript(c string) func(*v1beta1.SSHJoinProfile) {
+	return func(p *v1beta1.SSHJoinProfile) { p.Spec.Scripts.Check = v1beta1.Script(c) }
+}
+
 // fakeRoles answers ValidateRole from a table and records the calls.
 func rebootScript(r string) func(*v1beta1.SSHJoinProfile) {
 	return func(p *v1beta1.SSHJoinProfile) { p.Spec.Scripts.Reboot = v1beta1.Script(r) }
@@ -252,6 +262,12 @@ func TestValidate(t *testing.T) {
 		}), want: "kpssh_secrets", wantPrefix: "reboot"},
 		{name: "role without reboot.yml: the default", p: role("tls_bootstrap"), roles: &fakeRoles{errs: map[engine.Phase]error{engine.PhaseReboot: &engine.NoRolePhaseError{Role: "tls_bootstrap", Phase: engine.PhaseReboot}}}},
 		{name: "role with a bad reboot.yml", p: role("tls_bootstrap"), roles: &fakeRoles{errs: map[engine.Phase]error{engine.PhaseReboot: errors.New("role tls_bootstrap tasks/reboot.yml: not valid YAML")}}, want: "reboot.yml", wantPrefix: "reboot"},
+		// check is optional and gets install's context: vars, secrets, no token.
+		{name: "check script", p: with(scripts("i", "j", "l", ""), checkScript("grep -q {{ .Vars.k8sMinor }} /etc/x || exit 1"))},
+		{name: "check uses the token", p: with(scripts("i", "j", "l", ""), checkScript("echo {{ .BootstrapToken }}")), want: "only the join phase", wantPrefix: "check"},
+		{name: "check bad template", p: with(scripts("i", "j", "l", ""), checkScript("echo {{ .Vars.x ")), want: "not a valid template", wantPrefix: "check"},
+		{name: "check unknown field", p: with(scripts("i", "j", "l", ""), checkScript("{{ .Nope }}")), want: "unknown field .Nope", wantPrefix: "check"},
+		{name: "signed check with template", p: with(signed(scripts("i", "j", "l", "")), checkScript("{{ .NodeName }}")), want: "template-free", wantPrefix: "check"},
 		{name: "install uses token", p: scripts("echo {{ .BootstrapToken }}", "j", "l", ""), want: "only the join phase", wantPrefix: "install"},
 		{name: "join unknown field", p: scripts("i", "{{ .Nope }}", "l", ""), want: "unknown field .Nope", wantPrefix: "join"},
 		{name: "uninstall checked too", p: scripts("i", "j", "l", "{{ .Broken"), want: "not a valid template", wantPrefix: "uninstall"},
