@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -385,12 +386,18 @@ func TestStaleClaimReleased(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, st := range []v1beta1.HostState{v1beta1.HostClaimed, v1beta1.HostInUse} {
-				objs := append([]client.Object{tokenSecret(), newHost("h1", claimed(st, "nc-1", "uid-1"))}, tc.objs...)
+				drifted := func(h *v1beta1.SSHHost) {
+					h.SetHostDrift(&v1beta1.HostDriftStatus{ClaimUID: "uid-1", LastResult: v1beta1.DriftDrifted}, "drifted", metav1.Now())
+				}
+				objs := append([]client.Object{tokenSecret(), newHost("h1", claimed(st, "nc-1", "uid-1"), drifted)}, tc.objs...)
 				w := newWorld(t, nil, objs...)
 				w.reconcile(t, "h1")
 				h := w.host(t, "h1")
 				if h.Status.State != v1beta1.HostPending || h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" || h.Status.ProviderID != "" {
 					t.Fatalf("%s: status %+v", st, h.Status)
+				}
+				if h.Status.HostDrift != nil || h.HostDrifted() || strings.Contains(fmt.Sprint(h.Status.Conditions), v1beta1.ConditionHostDrift) {
+					t.Fatalf("%s: the claim's drift record survived its release: %+v %+v", st, h.Status.HostDrift, h.Status.Conditions)
 				}
 				err := w.c.Get(context.Background(), client.ObjectKey{Namespace: "kube-system", Name: "bootstrap-token-abcdef"}, &corev1.Secret{})
 				if err == nil {
