@@ -47,6 +47,7 @@ func TestE2E(t *testing.T) {
 		{"PowerOutage", powerOutage},
 		{"Maintenance", maintenance},
 		{"Drift", drift},
+		{"HostDrift", hostDrift}, // hostdrift_test.go
 		{"CrashResume", crashResume},
 		{"RoleProfile", roleProfile},
 		{"Releases", releases},

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -170,6 +171,9 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, err
 	}
+	if err := c.nudge(ctx, nodeClaim, res.Result); err != nil {
+		return reconcile.Result{}, err
+	}
 	switch {
 	case res.Result == v1beta1.DriftDrifted:
 		log.FromContext(ctx).Info("host drifted", "changedTasks", st.ChangedTasks)
@@ -179,6 +183,26 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		c.Recorder.Publish(checkInconclusive(h, res))
 	}
 	return reconcile.Result{RequeueAfter: interval}, nil
+}
+
+// nudge marks a conclusive verdict that differs from the one on the
+// NodeClaim (AnnotationHostDrift): the write wakes Karpenter's drift check
+// of the NodeClaim now rather than at its next 5-minute look.
+func (c *Controller) nudge(ctx context.Context, nodeClaim *karpv1.NodeClaim, r v1beta1.HostDriftResult) error {
+	if !r.Conclusive() {
+		return nil
+	}
+	v := strconv.FormatBool(r == v1beta1.DriftDrifted)
+	cur, ok := nodeClaim.Annotations[v1beta1.AnnotationHostDrift]
+	if cur == v || (!ok && v == "false") {
+		return nil
+	}
+	orig := nodeClaim.DeepCopy()
+	if nodeClaim.Annotations == nil {
+		nodeClaim.Annotations = map[string]string{}
+	}
+	nodeClaim.Annotations[v1beta1.AnnotationHostDrift] = v
+	return client.IgnoreNotFound(c.Client.Patch(ctx, nodeClaim, client.MergeFrom(orig)))
 }
 
 func (c *Controller) busyRetry() time.Duration {

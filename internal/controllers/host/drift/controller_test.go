@@ -114,6 +114,15 @@ func (w *world) host(t *testing.T) *v1beta1.SSHHost {
 	return h
 }
 
+func (w *world) nodeClaim(t *testing.T) *karpv1.NodeClaim {
+	t.Helper()
+	c := &karpv1.NodeClaim{}
+	if err := w.c.Get(context.Background(), client.ObjectKey{Name: "claim-a"}, c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func condition(h *v1beta1.SSHHost) *metav1.Condition {
 	for _, c := range h.Status.Conditions {
 		if c.Type == v1beta1.ConditionHostDrift {
@@ -145,6 +154,9 @@ func TestReconcileChecksEveryInterval(t *testing.T) {
 	if d := h.Status.HostDrift; d == nil || d.LastResult != v1beta1.DriftInSync || d.ClaimUID != "uid-a" || d.Checks != 1 {
 		t.Fatalf("status %+v", d)
 	}
+	if v, ok := w.nodeClaim(t).Annotations[v1beta1.AnnotationHostDrift]; ok {
+		t.Fatalf("in sync from the start: NodeClaim annotated %q", v)
+	}
 	if c := condition(h); c == nil || c.Status != metav1.ConditionFalse || h.HostDrifted() {
 		t.Fatalf("condition %+v", c)
 	}
@@ -168,6 +180,10 @@ func TestReconcileChecksEveryInterval(t *testing.T) {
 	if got := h.Status.HostDrift.ChangedTasks; len(got) != 2 {
 		t.Fatalf("changedTasks %v", got)
 	}
+	// the verdict's change is written on the NodeClaim: it wakes Karpenter's drift check
+	if v := w.nodeClaim(t).Annotations[v1beta1.AnnotationHostDrift]; v != "true" {
+		t.Fatalf("NodeClaim annotation %q after drift", v)
+	}
 	if len(w.rec.evs) != 1 || w.rec.evs[0].Reason != ReasonHostDrift || !strings.Contains(w.rec.evs[0].Message, "Karpenter replaces NodeClaim claim-a") {
 		t.Fatalf("events %+v", w.rec.evs)
 	}
@@ -190,6 +206,9 @@ func TestReconcileChecksEveryInterval(t *testing.T) {
 	h = w.host(t)
 	if h.HostDrifted() || condition(h).Status != metav1.ConditionFalse || h.Status.HostDrift.ChangedTasks != nil || h.Status.HostDrift.Checks != 4 {
 		t.Fatalf("in sync again: %+v %+v", condition(h), h.Status.HostDrift)
+	}
+	if v := w.nodeClaim(t).Annotations[v1beta1.AnnotationHostDrift]; v != "false" {
+		t.Fatalf("NodeClaim annotation %q in sync again", v)
 	}
 }
 
