@@ -158,7 +158,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	countCheck(h.Class(), outcome(res.Result))
 	checkSeconds.WithLabelValues(outcome(res.Result)).Observe(res.Duration.Seconds())
-	prev := h.HostDrifted()
+	wasDrifted, last := h.HostDrifted(), h.Status.HostDrift
 	st := &v1beta1.HostDriftStatus{ClaimUID: ref.UID, LastCheckTime: metav1.NewTime(c.Clock.Now()), LastResult: res.Result,
 		ChangedTasks: changedTasks(res), Message: phase.Truncate(res.Message, 1024)}
 	if d := h.Status.HostDrift; d != nil && d.ClaimUID == ref.UID {
@@ -174,11 +174,14 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := c.nudge(ctx, nodeClaim, res.Result); err != nil {
 		return reconcile.Result{}, err
 	}
+	// Events on news only: a host stays drifted or unreachable for many
+	// intervals.
+	repeated := last != nil && last.ClaimUID == ref.UID && last.LastResult == res.Result && last.Message == st.Message
 	switch {
-	case res.Result == v1beta1.DriftDrifted:
+	case res.Result == v1beta1.DriftDrifted && !wasDrifted:
 		log.FromContext(ctx).Info("host drifted", "changedTasks", st.ChangedTasks)
-		c.Recorder.Publish(hostDrift(h, ref, st.ChangedTasks, prev))
-	case !res.Result.Conclusive():
+		c.Recorder.Publish(hostDrift(h, ref, st.ChangedTasks))
+	case !res.Result.Conclusive() && !repeated:
 		log.FromContext(ctx).Info("drift check could not decide", "result", res.Result, "message", res.Message)
 		c.Recorder.Publish(checkInconclusive(h, res))
 	}

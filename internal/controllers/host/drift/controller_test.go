@@ -212,13 +212,25 @@ func TestReconcileChecksEveryInterval(t *testing.T) {
 	}
 }
 
-// An unreachable host that has not drifted is Unknown, never drifted.
+// An unreachable host that has not drifted is Unknown, never drifted; an
+// event says so once, not every interval.
 func TestUnreachableIsNotDrift(t *testing.T) {
-	w := newWorld(t, []answer{unreachable}, joined(), claim(), nodeClass("1m"))
+	w := newWorld(t, []answer{unreachable, unreachable, unreachable, drifted, drifted}, joined(), claim(), nodeClass("1m"))
 	w.reconcile(t)
 	h := w.host(t)
 	if h.HostDrifted() || condition(h).Status != metav1.ConditionUnknown || condition(h).Reason != v1beta1.ReasonDriftUnknown {
 		t.Fatalf("%+v", condition(h))
+	}
+	for i := 0; i < 4; i++ {
+		w.clock.Step(time.Minute)
+		w.reconcile(t)
+	}
+	var reasons []string
+	for _, e := range w.rec.evs {
+		reasons = append(reasons, e.Reason)
+	}
+	if strings.Join(reasons, ",") != ReasonDriftCheckInconclusive+","+ReasonHostDrift {
+		t.Fatalf("events %v: want one per change of news", reasons)
 	}
 }
 

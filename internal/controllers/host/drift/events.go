@@ -21,11 +21,8 @@ const (
 	ReasonDriftCheckInconclusive = "DriftCheckInconclusive"
 )
 
-func hostDrift(h *v1beta1.SSHHost, ref *v1beta1.ClaimRef, tasks []string, already bool) events.Event {
+func hostDrift(h *v1beta1.SSHHost, ref *v1beta1.ClaimRef, tasks []string) events.Event {
 	msg := fmt.Sprintf("install or join would change the host (%s): Karpenter replaces NodeClaim %s", strings.Join(tasks, "; "), ref.Name)
-	if already {
-		msg = fmt.Sprintf("still drifted (%s)", strings.Join(tasks, "; "))
-	}
 	return events.Event{InvolvedObject: h, Type: corev1.EventTypeWarning, Reason: ReasonHostDrift,
 		Message:      phase.Truncate(msg, 1024),
 		DedupeValues: []string{string(h.UID), string(ref.UID), strings.Join(tasks, "\x00")}}
