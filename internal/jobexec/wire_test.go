@@ -28,12 +28,12 @@ func fullRequest() engine.Request {
 		Timeout: 90 * time.Second,
 		Redact:  []string{"extra-redacted-value"},
 		Key:     "ns/h1/join/uid",
-		Check:   true,
 	}
 }
 
 func TestInputRoundTrip(t *testing.T) {
 	req := fullRequest()
+	req.Check = true
 	b, err := EncodeInput(req)
 	if err != nil {
 		t.Fatal(err)
