@@ -156,6 +156,7 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	case err != nil:
 		return reconcile.Result{}, err
 	}
+	log.FromContext(ctx).V(1).Info("drift check", "result", res.Result, "duration", res.Duration.Round(time.Millisecond), "changes", len(res.Changes))
 	countCheck(h.Class(), outcome(res.Result))
 	checkSeconds.WithLabelValues(outcome(res.Result)).Observe(res.Duration.Seconds())
 	wasDrifted, last := h.HostDrifted(), h.Status.HostDrift
