@@ -2,13 +2,9 @@ package molecule_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/test/hostenv"
@@ -54,37 +50,10 @@ func TestCheckModeTLSBootstrap(t *testing.T) {
 		t.Fatal(playbookErr("prepare", out, err))
 	}
 
-	ctxFile, err := os.ReadFile(filepath.Join("shared", "kpssh-context.yml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var shared struct {
-		Kpssh map[string]string `yaml:"kpssh"`
-	}
-	if err := yaml.Unmarshal(ctxFile, &shared); err != nil {
-		t.Fatal(err)
-	}
-	roles, err := filepath.Abs("../../roles")
-	if err != nil {
-		t.Fatal(err)
-	}
-	coll, err := engine.FindCollectionsPath()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := engine.New(engine.Options{CollectionsPath: coll, RolesPath: []string{roles}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
-	key, err := os.ReadFile(inv.ClientKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := engine.Connection{Address: h.Address, Port: int32(h.Port), User: h.User, PrivateKey: key, HostKey: h.HostKey}
+	e, conn, shared := roleEngine(t, w, 0)
 	const token = "qwerty.0123456789abcdef"
 	join := engine.Context{
-		ClusterEndpoint: shared.Kpssh["cluster_endpoint"], ClusterCAB64: shared.Kpssh["cluster_ca_b64"],
+		ClusterEndpoint: shared["cluster_endpoint"], ClusterCAB64: shared["cluster_ca_b64"],
 		BootstrapToken: token, NodeName: "kpssh-check-" + h.Name,
 		ProviderID: "kpssh://kpssh-system/" + h.Name, HostAddress: h.Address, NodeAddress: "192.0.2.78",
 		NodeLabels: "karpenter.dklesev.github.io/host-class=small,kpssh.example/pool=check", Taints: "karpenter.sh/unregistered:NoExecute",
