@@ -17,10 +17,14 @@ all: build
 build:
 	go build ./...
 
-## bin: the controller and the kpssh CLI into bin/
+## bin: the controller and the kpssh CLI into bin/ (kpssh version: git describe and commit)
+KPSSH_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+KPSSH_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 bin:
-	go build -o bin/ ./cmd/controller ./cmd/kpssh
-	ln -sf kpssh bin/kubectl-kpssh  # kubectl finds it as the plugin `kubectl kpssh`
+	go build -ldflags "-X github.com/dklesev/kpssh/internal/cli.version=$(KPSSH_VERSION) -X github.com/dklesev/kpssh/internal/cli.commit=$(KPSSH_COMMIT)" \
+	  -o bin/ ./cmd/controller ./cmd/kpssh
+	ln -sf kpssh bin/kubectl-kpssh           # kubectl finds it as the plugin `kubectl kpssh`
+	ln -sf kpssh bin/kubectl_complete-kpssh  # and completes `kubectl kpssh …` through it
 
 $(CONTROLLER_GEN):
 	GOBIN=$(dir $@) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)

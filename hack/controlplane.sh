@@ -11,6 +11,9 @@
 #   controlplane.sh down           stop every process, remove the state (idempotent)
 #   controlplane.sh kubeconfig     print the admin kubeconfig's path
 #   controlplane.sh status         one line per component
+#   controlplane.sh gc             down every plane whose owner process
+#                                  (KPSSH_OWNER_PID at up) is gone, or whose
+#                                  address is on no interface any more
 #
 # After up: kube-public/cluster-info published, the bootstrap RBAC
 # (examples/bootstrap-rbac.yaml) and the CRDs (Karpenter's and apis/crds)
@@ -21,6 +24,9 @@
 #   KPSSH_CP     plane name (default: $KPSSH_WORLD, else "default"); state in
 #                /run/kpssh-cp/<name>/ (certs, kubeconfigs, etcd data, logs)
 #   KPSSH_CP_WAIT  seconds to wait for each component (default 180)
+#   KPSSH_OWNER_PID  optional, at up: the pid owning the plane (used by "gc":
+#                a killed test leaves its plane, whose apiserver would keep
+#                the next world's bridge address:6443)
 set -euo pipefail
 export KPSSH_PROG=controlplane.sh
 # shellcheck source=hack/lib/common.sh
@@ -200,6 +206,9 @@ cmd_up() {
 	fi
 	BINS=$("$REPO/hack/k8s-bins.sh") || die "hack/k8s-bins.sh failed"
 	echo "$ADDRESS" >"$S/address"
+	if [[ -n ${KPSSH_OWNER_PID:-} ]]; then
+		echo "OWNER_PID=$KPSSH_OWNER_PID OWNER_START=$(proc_start "$KPSSH_OWNER_PID")" >"$S/owner"
+	fi
 	make_pki
 	[[ -f $S/ports ]] || echo "ETCD_CLIENT=$(free_port) ETCD_PEER=$(free_port) KCM=$(free_port) SCHED=$(free_port)" >"$S/ports"
 	local ETCD_CLIENT ETCD_PEER KCM SCHED
@@ -278,6 +287,26 @@ cmd_down() {
 	rm -rf --one-file-system "$S"
 }
 
+cmd_gc() {
+	need_root
+	local d n a OWNER_PID OWNER_START
+	for d in /run/kpssh-cp/*/; do
+		[[ -d $d ]] || continue
+		n=$(basename "$d")
+		if [[ -f $d/owner ]]; then
+			OWNER_PID='' OWNER_START=''
+			eval "$(<"$d/owner")"
+			if [[ -n $OWNER_PID && $(proc_start "$OWNER_PID") == "$OWNER_START" ]]; then continue; fi
+			log "plane '$n': owner ${OWNER_PID:-?} is gone; tearing it down"
+		else
+			a=$(cat "$d/address" 2>/dev/null || true)
+			if [[ -n $a ]] && grep -qF " $a/" <<<"$(ip -4 -o addr show)"; then continue; fi
+			log "plane '$n': its address ${a:-?} is on no interface; tearing it down"
+		fi
+		KPSSH_CP=$n bash "${BASH_SOURCE[0]}" down || true
+	done
+}
+
 cmd_status() {
 	local c p st
 	[[ -d $S ]] || { echo "plane '$NAME': down"; return 0; }
@@ -295,6 +324,7 @@ shift || true
 case $CMD in
 up) cmd_up "$@" ;;
 down) cmd_down ;;
+gc) cmd_gc ;;
 kubeconfig)
 	[[ -f $S/admin.kubeconfig ]] || die "plane '$NAME' is not up"
 	echo "$S/admin.kubeconfig"

@@ -13,7 +13,10 @@ pkgs=(debootstrap systemd-container iproute2 openssh-client kmod iptables bubble
   # podman; runc because crun refuses this machine's hybrid cgroup layout.
   buildah podman runc
   # test/e2e runs its own prometheus process (own config, temp TSDB, loopback port)
-  prometheus)
+  prometheus
+  # cmd/kpssh: `kpssh completion bash` run by bash (cobra's script needs
+  # bash-completion, as kubectl's does) and `kubectl kpssh hosts -o json | jq`
+  bash-completion jq)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -206,19 +206,24 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# prune REPO KEEP...: remove REPO's tags other than KEEP... (and :dev). An
-# image still used by a container is kept (rmi refuses).
+# prune REPO KEEP...: remove REPO's tags other than KEEP..., :dev and the
+# newest six others (podman lists newest first): checkouts sharing a cache
+# (worktrees with other roles) build other keys, and a build of one must not
+# remove the image another's test run is about to use. An image still used
+# by a container is kept (rmi refuses).
 prune_tags() {
-	local repo=$1 ref
+	local repo=$1 ref others=0
 	shift
 	while IFS= read -r ref; do
 		[[ -n $ref ]] || continue
 		local keep=0 k
 		for k in "$@" "$repo:dev"; do [[ $ref == "$k" ]] && keep=1; done
 		[[ $keep == 1 ]] && continue
+		others=$((others + 1))
+		[[ $others -le 6 ]] && continue
 		log "removing old image $ref"
 		podman rmi "$ref" >/dev/null 2>&1 || true
-	done < <(podman images --noheading --format '{{.Repository}}:{{.Tag}}' "$repo" 2>/dev/null)
+	done < <(podman images --sort created --noheading --format '{{.Repository}}:{{.Tag}}' "$repo" 2>/dev/null)
 }
 
 build_runner() {

@@ -2,6 +2,7 @@ package v1beta1
 
 import (
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/awslabs/operatorpkg/status"
 	corev1 "k8s.io/api/core/v1"
@@ -121,7 +122,7 @@ type ClaimRef struct {
 }
 
 // Phase names a lifecycle phase of a join profile.
-// +kubebuilder:validation:Enum=install;join;leave;uninstall;reboot
+// +kubebuilder:validation:Enum=install;join;leave;uninstall;reboot;verify
 type Phase string
 
 const (
@@ -130,27 +131,66 @@ const (
 	PhaseLeave     Phase = "leave"
 	PhaseUninstall Phase = "uninstall"
 	PhaseReboot    Phase = "reboot"
+	PhaseVerify    Phase = "verify"
 )
 
-// PhaseResult is the outcome of one phase run.
-// +kubebuilder:validation:Enum=Succeeded;Failed;TimedOut;Rejected
+// PhaseResult is the outcome of one phase run, or Running while it runs.
+// +kubebuilder:validation:Enum=Running;Succeeded;Failed;TimedOut;Rejected;Interrupted
 type PhaseResult string
 
 const (
+	// PhaseRunning: the phase has not ended yet (lastPhase.currentTask
+	// says where it is). The phase's own end replaces it.
+	PhaseRunning   PhaseResult = "Running"
 	PhaseSucceeded PhaseResult = "Succeeded"
 	PhaseFailed    PhaseResult = "Failed"
 	PhaseTimedOut  PhaseResult = "TimedOut"
 	PhaseRejected  PhaseResult = "Rejected"
+	// PhaseInterrupted: the claim the phase ran under ended before the
+	// phase's end was recorded (InterruptPhase); how it ended is unknown.
+	PhaseInterrupted PhaseResult = "Interrupted"
 )
 
-// LastPhase records the most recent phase run on a host, redacted.
+// InterruptPhase ends a Running lastPhase whose end will never be
+// recorded: the claim it ran under is being released (its end is written
+// under that claim only). Interrupted, why and the task it was at go to
+// the message. Anything else is left alone.
+func (h *SSHHost) InterruptPhase(why string) {
+	lp := h.Status.LastPhase
+	if lp == nil || lp.Result != PhaseRunning {
+		return
+	}
+	lp.Result, lp.Message = PhaseInterrupted, why
+	if lp.CurrentTask != "" {
+		lp.Message += fmt.Sprintf(" (it was at task %q)", lp.CurrentTask)
+	}
+	if n := 4096; len(lp.Message) > n { // message's MaxLength; cut on a rune boundary
+		for n > 0 && !utf8.RuneStart(lp.Message[n]) {
+			n--
+		}
+		lp.Message = lp.Message[:n]
+	}
+	lp.CurrentTask = ""
+}
+
+// LastPhase records the most recent phase run on a host, redacted. While a
+// phase that has run for a few seconds is still running, result is Running
+// and currentTask names the task it is at (written at most every few
+// seconds, on a claimed host); the phase's end replaces the record.
+// +kubebuilder:validation:XValidation:rule="!has(self.currentTask) || self.result == 'Running'",message="currentTask is set only while the phase is Running"
 type LastPhase struct {
 	Phase     Phase       `json:"phase"`
 	Result    PhaseResult `json:"result"`
 	StartedAt metav1.Time `json:"startedAt"`
-	// Duration of the run, e.g. "4.2s".
+	// Duration of the run, e.g. "4.2s"; while Running, how long it had run
+	// when the record was written.
 	// +optional
 	Duration metav1.Duration `json:"duration,omitempty"`
+	// CurrentTask is, while Running, the task the phase is at (the last
+	// one started, redacted).
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	CurrentTask string `json:"currentTask,omitempty"`
 	// FailedTask is the name of the Ansible task that failed, if any.
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
@@ -240,11 +280,128 @@ type SSHHostStatus struct {
 	// mirrors it.
 	// +optional
 	Reboot *HostReboot `json:"reboot,omitempty"`
+	// Verify is the outcome of the profile's verify phase under the
+	// current claim, recorded once it ran: a passed verify is not run again
+	// (Karpenter asks the registration hook until it answers), a failed one
+	// ends the claim. Cleared on release.
+	// +optional
+	Verify *HostVerify `json:"verify,omitempty"`
 	// HostDrift is the last drift check of this joined host (node class
 	// spec.hostDrift), under the claim it names. Condition HostDrift is
 	// True while the last conclusive check found drift.
 	// +optional
 	HostDrift *HostDriftStatus `json:"hostDrift,omitempty"`
+}
+
+// VerifyResult is how the verify phase of a claim ended.
+// +kubebuilder:validation:Enum=Passed;Failed
+type VerifyResult string
+
+const (
+	// VerifyPassed: the verify phase succeeded; the NodeClaim registers.
+	VerifyPassed VerifyResult = "Passed"
+	// VerifyFailed: it failed, timed out or was refused; the NodeClaim is
+	// deleted, leave runs, the host is released Unhealthy.
+	VerifyFailed VerifyResult = "Failed"
+)
+
+// HostVerify records the verify phase of one claim.
+type HostVerify struct {
+	// ClaimUID is the claim whose join was verified.
+	ClaimUID types.UID    `json:"claimUID"`
+	Result   VerifyResult `json:"result"`
+	At       metav1.Time  `json:"at"`
+	// Message is the redacted failure, if any.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// VerifyOf is the verify record of claim uid, nil when there is none.
+func (h *SSHHost) VerifyOf(uid types.UID) *HostVerify {
+	if v := h.Status.Verify; v != nil && uid != "" && v.ClaimUID == uid {
+		return v
+	}
+	return nil
+}
+
+// RebootResult is where an in-place reboot stands.
+// +kubebuilder:validation:Enum=Requested;Issued;Returned;Failed;Lost
+type RebootResult string
+
+const (
+	// RebootRequested: recorded; the reboot phase has not finished (or the
+	// controller died while it ran — the operation is not run again).
+	RebootRequested RebootResult = "Requested"
+	// RebootIssued: the reboot phase succeeded; the host goes down.
+	RebootIssued RebootResult = "Issued"
+	// RebootReturned: a probe saw the host back (a new boot id, or SSH
+	// back after an outage).
+	RebootReturned RebootResult = "Returned"
+	// RebootFailed: the reboot phase failed or was refused.
+	RebootFailed RebootResult = "Failed"
+	// RebootLost: the host did not come back in time; it is Unhealthy,
+	// the claim kept, until it returns or Karpenter replaces the node.
+	RebootLost RebootResult = "Lost"
+)
+
+// HostReboot records one in-place reboot of a claimed host.
+type HostReboot struct {
+	// OperationID is Karpenter's id of the reboot operation.
+	// +kubebuilder:validation:MaxLength=512
+	OperationID string `json:"operationID"`
+	// ClaimUID is the claim the reboot was asked under.
+	ClaimUID types.UID    `json:"claimUID"`
+	Result   RebootResult `json:"result"`
+	// BootID is the host's boot id before the reboot (the Node's), when
+	// known: the host has returned when a probe reports another one.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	BootID      string      `json:"bootID,omitempty"`
+	RequestedAt metav1.Time `json:"requestedAt"`
+	// WentDown: a probe failed since the reboot was asked (without a
+	// BootID, the host has returned when SSH answers after that).
+	// +optional
+	WentDown bool `json:"wentDown,omitempty"`
+	// +optional
+	ReturnedAt *metav1.Time `json:"returnedAt,omitempty"`
+	// Message is the redacted failure, if any.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// ConditionRebooting is True while a reboot is Requested or Issued, False
+// once it Returned, Failed or was Lost (the reason says which).
+const ConditionRebooting = "Rebooting"
+
+// Active reports whether the reboot still waits for the host to return.
+func (r *HostReboot) Active() bool {
+	return r != nil && (r.Result == RebootRequested || r.Result == RebootIssued || r.Result == RebootLost)
+}
+
+// SetReboot records r with the Rebooting condition that mirrors it.
+func (h *SSHHost) SetReboot(r *HostReboot, now metav1.Time) {
+	h.Status.Reboot = r
+	if r == nil {
+		h.removeCondition(ConditionRebooting)
+		return
+	}
+	cond := status.Condition{Type: ConditionRebooting, Status: metav1.ConditionFalse, ObservedGeneration: h.Generation,
+		LastTransitionTime: now, Reason: "Reboot" + string(r.Result)}
+	switch r.Result {
+	case RebootRequested:
+		cond.Status, cond.Message = metav1.ConditionTrue, "reboot "+r.OperationID+" requested: the reboot phase runs"
+	case RebootIssued:
+		cond.Status, cond.Message = metav1.ConditionTrue, "reboot "+r.OperationID+" issued: waiting for the host to come back"
+	case RebootReturned:
+		cond.Message = "the host came back from reboot " + r.OperationID
+	case RebootFailed:
+		cond.Message = "reboot " + r.OperationID + " failed: " + r.Message
+	case RebootLost:
+		cond.Message = "the host did not come back from reboot " + r.OperationID + ": " + r.Message
+	}
+	h.setCondition(cond)
 }
 
 // HostDriftResult is how one drift check ended.
@@ -368,85 +525,6 @@ func (h *SSHHost) SetHostDrift(d *HostDriftStatus, message string, now metav1.Ti
 			cut--
 		}
 		cond.Message = cond.Message[:cut] + " …"
-	}
-	h.setCondition(cond)
-}
-
-// RebootResult is where an in-place reboot stands.
-// +kubebuilder:validation:Enum=Requested;Issued;Returned;Failed;Lost
-type RebootResult string
-
-const (
-	// RebootRequested: recorded; the reboot phase has not finished (or the
-	// controller died while it ran — the operation is not run again).
-	RebootRequested RebootResult = "Requested"
-	// RebootIssued: the reboot phase succeeded; the host goes down.
-	RebootIssued RebootResult = "Issued"
-	// RebootReturned: a probe saw the host back (a new boot id, or SSH
-	// back after an outage).
-	RebootReturned RebootResult = "Returned"
-	// RebootFailed: the reboot phase failed or was refused.
-	RebootFailed RebootResult = "Failed"
-	// RebootLost: the host did not come back in time; it is Unhealthy,
-	// the claim kept, until it returns or Karpenter replaces the node.
-	RebootLost RebootResult = "Lost"
-)
-
-// HostReboot records one in-place reboot of a claimed host.
-type HostReboot struct {
-	// OperationID is Karpenter's id of the reboot operation.
-	// +kubebuilder:validation:MaxLength=512
-	OperationID string `json:"operationID"`
-	// ClaimUID is the claim the reboot was asked under.
-	ClaimUID types.UID    `json:"claimUID"`
-	Result   RebootResult `json:"result"`
-	// BootID is the host's boot id before the reboot (the Node's), when
-	// known: the host has returned when a probe reports another one.
-	// +kubebuilder:validation:MaxLength=64
-	// +optional
-	BootID      string      `json:"bootID,omitempty"`
-	RequestedAt metav1.Time `json:"requestedAt"`
-	// WentDown: a probe failed since the reboot was asked (without a
-	// BootID, the host has returned when SSH answers after that).
-	// +optional
-	WentDown bool `json:"wentDown,omitempty"`
-	// +optional
-	ReturnedAt *metav1.Time `json:"returnedAt,omitempty"`
-	// Message is the redacted failure, if any.
-	// +kubebuilder:validation:MaxLength=1024
-	// +optional
-	Message string `json:"message,omitempty"`
-}
-
-// ConditionRebooting is True while a reboot is Requested or Issued, False
-// once it Returned, Failed or was Lost (the reason says which).
-const ConditionRebooting = "Rebooting"
-
-// Active reports whether the reboot still waits for the host to return.
-func (r *HostReboot) Active() bool {
-	return r != nil && (r.Result == RebootRequested || r.Result == RebootIssued || r.Result == RebootLost)
-}
-
-// SetReboot records r with the Rebooting condition that mirrors it.
-func (h *SSHHost) SetReboot(r *HostReboot, now metav1.Time) {
-	h.Status.Reboot = r
-	if r == nil {
-		h.removeCondition(ConditionRebooting)
-		return
-	}
-	cond := status.Condition{Type: ConditionRebooting, Status: metav1.ConditionFalse, ObservedGeneration: h.Generation,
-		LastTransitionTime: now, Reason: "Reboot" + string(r.Result)}
-	switch r.Result {
-	case RebootRequested:
-		cond.Status, cond.Message = metav1.ConditionTrue, "reboot "+r.OperationID+" requested: the reboot phase runs"
-	case RebootIssued:
-		cond.Status, cond.Message = metav1.ConditionTrue, "reboot "+r.OperationID+" issued: waiting for the host to come back"
-	case RebootReturned:
-		cond.Message = "the host came back from reboot " + r.OperationID
-	case RebootFailed:
-		cond.Message = "reboot " + r.OperationID + " failed: " + r.Message
-	case RebootLost:
-		cond.Message = "the host did not come back from reboot " + r.OperationID + ": " + r.Message
 	}
 	h.setCondition(cond)
 }

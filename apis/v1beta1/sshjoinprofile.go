@@ -64,6 +64,12 @@ type ProfileScripts struct {
 	// node's units enabled; absent, kpssh's default reboot runs.
 	// +optional
 	Reboot Script `json:"reboot,omitempty"`
+	// Verify checks the joined host (kubelet healthz, expected devices, a
+	// CNI file, ...) before Karpenter completes the NodeClaim's
+	// registration; a failure fails the launch and runs leave. Absent,
+	// registration does not wait.
+	// +optional
+	Verify Script `json:"verify,omitempty"`
 	// Check is the drift check of a joined host (node class hostDrift):
 	// exit 0 when the host is what install and join would leave, 1 when it
 	// drifted (its output says how), anything else when it cannot tell. It
@@ -102,6 +108,9 @@ type ProfileTasks struct {
 	// Reboot: see ProfileScripts.Reboot; absent, the default reboot runs.
 	// +optional
 	Reboot TaskList `json:"reboot,omitempty"`
+	// Verify: see ProfileScripts.Verify; absent, nothing is verified.
+	// +optional
+	Verify TaskList `json:"verify,omitempty"`
 }
 
 // PhaseTimeouts bound each phase run.
@@ -120,6 +129,11 @@ type PhaseTimeouts struct {
 	// +kubebuilder:default="2m"
 	// +optional
 	Reboot Duration `json:"reboot,omitempty"`
+	// Verify bounds the verify phase. Install + join + verify must fit
+	// Karpenter's 15-minute registration window.
+	// +kubebuilder:default="2m"
+	// +optional
+	Verify Duration `json:"verify,omitempty"`
 	// Check bounds scripts.check (default 2m); the check mode runs of role
 	// and task profiles are bounded by install's and join's.
 	// +optional
@@ -139,6 +153,9 @@ type ProfileSignatures struct {
 	// Reboot signs scripts.reboot: Verified hosts have no default reboot.
 	// +optional
 	Reboot Signature `json:"reboot,omitempty"`
+	// Verify signs scripts.verify.
+	// +optional
+	Verify Signature `json:"verify,omitempty"`
 	// Check signs scripts.check.
 	// +optional
 	Check Signature `json:"check,omitempty"`

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,7 +30,13 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &env)) }
+func TestMain(m *testing.M) {
+	code := testenv.RunMain(m, &env)
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
 
 func TestDispatch(t *testing.T) {
 	cases := []struct {
@@ -58,15 +65,36 @@ func TestDispatch(t *testing.T) {
 	}
 }
 
-// buildBinary builds this command into a temporary directory.
+// The version and commit buildBinary links in, as make bin does.
+const (
+	testVersion = "v0.0.0-kpssh-test"
+	testCommit  = "0123456789abcdef0123456789abcdef01234567"
+)
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binErr  error
+)
+
+// buildBinary builds this command once per test run (the tests share it),
+// with the version and commit set at link time.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kpssh")
-	out, code, err := execBounded(t, 10*time.Minute, os.Environ(), "go", "build", "-o", bin, ".")
-	if err != nil || code != 0 {
-		t.Fatalf("go build: exit %d, %v\n%s", code, err, out)
+	binOnce.Do(func() {
+		if binDir, binErr = os.MkdirTemp("", "kpssh-bin-"); binErr != nil {
+			return
+		}
+		ldflags := "-X github.com/dklesev/kpssh/internal/cli.version=" + testVersion + " -X github.com/dklesev/kpssh/internal/cli.commit=" + testCommit
+		out, code, err := execBounded(t, 10*time.Minute, os.Environ(), "go", "build", "-ldflags", ldflags, "-o", filepath.Join(binDir, "kpssh"), ".")
+		if err != nil || code != 0 {
+			binErr = fmt.Errorf("go build: exit %d, %v\n%s", code, err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
 	}
-	return bin
+	return filepath.Join(binDir, "kpssh")
 }
 
 // execBounded runs a command in its own process group, killed as a group
@@ -126,17 +154,29 @@ func clusterInfoKubeconfig(t *testing.T, server string) string {
 // unreachableKubeconfig points at a loopback port nobody listens on.
 func unreachableKubeconfig(t *testing.T) string {
 	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	addUnreachable(t, cfg, "x")
+	cfg.CurrentContext = "x"
+	return writeKubeconfig(t, cfg)
+}
+
+// addUnreachable adds the context name to cfg: a loopback port nobody
+// listens on, with a made-up token.
+func addUnreachable(t *testing.T, cfg *clientcmdapi.Config, name string) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close()
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: "https://" + addr, InsecureSkipTLSVerify: true}
-	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: "not-a-real-token"}
-	cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
-	cfg.CurrentContext = "x"
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: "https://" + addr, InsecureSkipTLSVerify: true}
+	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: "not-a-real-token"}
+	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
+}
+
+func writeKubeconfig(t *testing.T, cfg *clientcmdapi.Config) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
 		t.Fatal(err)

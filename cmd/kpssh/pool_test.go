@@ -131,14 +131,6 @@ func TestPoolCommandsBinary(t *testing.T) {
 		h.Status.LastPhase = &v1beta1.LastPhase{Phase: v1beta1.PhaseInstall, Result: v1beta1.PhaseFailed, FailedTask: "fetch kubelet", StartedAt: metav1.Now()}
 	})
 
-	fields := func(table, host string) []string {
-		for _, l := range strings.Split(table, "\n") {
-			if f := strings.Fields(l); len(f) > 0 && f[0] == host {
-				return f
-			}
-		}
-		return nil
-	}
 	out, _ := kpssh(t, cli.ExitOK, "hosts")
 	checks := []struct {
 		host string

@@ -16,6 +16,9 @@ import (
 type contentRoles struct {
 	*engine.Local
 	roles, collections []string
+	// noAnsible: ansible-playbook is not on PATH, so ansible's load of a
+	// role (ValidateRole's --syntax-check) is not run; a note says so.
+	noAnsible bool
 }
 
 var _ profile.RoleSearchPath = (*contentRoles)(nil)
@@ -50,9 +53,9 @@ func contentKind(dir string) (rolesPath, collectionsPath string, err error) {
 func isDir(p string) bool      { fi, err := os.Stat(p); return err == nil && fi.IsDir() }
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
-// newContentRoles builds the resolver. The engine is never asked to run
-// anything (no warm runner; ansible-playbook need not exist): it is the
-// controller's role lookup, nothing more.
+// newContentRoles builds the resolver: the controller's role lookup, and
+// ansible's load of operator roles (ansible-playbook --syntax-check) when
+// ansible-playbook is on PATH. Nothing else runs (no warm runner).
 func newContentRoles(content []string, runBase string) (*contentRoles, error) {
 	coll, err := engine.FindCollectionsPath()
 	if err != nil {
@@ -77,8 +80,9 @@ func newContentRoles(content []string, runBase string) (*contentRoles, error) {
 	ap, err := exec.LookPath("ansible-playbook")
 	if err != nil {
 		ap = "/usr/bin/ansible-playbook" // never run: role lookup only
+		c.noAnsible = true
 	}
-	e, err := engine.New(engine.Options{AnsiblePlaybook: ap, CollectionsPath: coll, RolesPath: c.roles, NoWarmRunner: true, RunDirBase: runBase})
+	e, err := engine.New(engine.Options{AnsiblePlaybook: ap, CollectionsPath: coll, RolesPath: c.roles, NoWarmRunner: true, RunDirBase: runBase, NoRoleSyntaxCheck: c.noAnsible})
 	if err != nil {
 		return nil, usageErr("role lookup: %v", err)
 	}

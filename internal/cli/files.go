@@ -107,6 +107,7 @@ func onlyOne[T any](objs []*T, err error, path, kind string) (*T, error) {
 type multiFlag []string
 
 func (m *multiFlag) String() string { return strings.Join(*m, ",") }
+func (m *multiFlag) Type() string   { return "dir" }
 func (m *multiFlag) Set(v string) error {
 	if strings.TrimSpace(v) == "" {
 		return errors.New("empty value")

@@ -2,23 +2,24 @@ package cli
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/printers"
+	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/providers/leave"
 )
 
 // HostsUsage is the help text of `kpssh hosts`.
@@ -31,55 +32,21 @@ caught up (it still serves its claim) shows "(maintenance)" after its state;
 one that is the same machine as another host of the pool (condition
 Duplicate: never claimed) shows "(duplicate)".
 
+-o wide adds user, node address, arch, capacity, exec mode and the pinned
+host key; -o json and -o yaml print the SSHHostList as the API returns it,
+-o name one sshhost.karpenter.dklesev.github.io/NAME per line, -o
+jsonpath=... and -o go-template=... as in kubectl. The pool namespace is -n,
+else $POOL_NAMESPACE, else kpssh-system; the cluster flags are kubectl's
+(--kubeconfig, --context, --as, ...).
+
 flags:
 `
 
-// poolFlags are the flags every pool command shares.
-type poolFlags struct {
-	kubeconfig *string
-	namespace  *string
-	timeout    *time.Duration
-}
-
-func addPoolFlags(fs *flag.FlagSet, getenv func(string) string) poolFlags {
-	defNS := getenv("POOL_NAMESPACE")
-	if defNS == "" {
-		defNS = v1beta1.DefaultPoolNamespace
-	}
-	return poolFlags{
-		kubeconfig: fs.String("kubeconfig", "", "kubeconfig `path` (default: $KUBECONFIG, ~/.kube/config, in-cluster)"),
-		namespace:  fs.String("namespace", defNS, "pool `namespace` holding the SSHHosts; $POOL_NAMESPACE sets the default"),
-		timeout:    fs.Duration("timeout", DefaultAPITimeout, "bound on the API calls"),
-	}
-}
-
-func (p poolFlags) check() error {
-	if *p.timeout <= 0 {
-		return usageErr("--timeout must be positive")
-	}
-	if *p.namespace == "" {
-		return usageErr("--namespace must not be empty")
-	}
-	return nil
-}
-
-// connectClient is Connect for commands that also write: Connect builds a
-// full client.Client and hands it out as a Reader for the read-only render.
-func connectClient(kubeconfig string, timeout time.Duration) (client.Client, error) {
-	r, err := Connect(kubeconfig, timeout)
-	if err != nil {
-		return nil, err
-	}
-	c, ok := r.(client.Client)
-	if !ok {
-		return nil, runtimeErr("API client is read-only")
-	}
-	return c, nil
-}
-
-// HostRow is one line of the pool table.
+// HostRow is one line of the pool table; the fields after Age are the
+// wide table's (-o wide).
 type HostRow struct {
 	Name, Address, Class, State, Claim, Installed, LastPhase, Age string
+	User, NodeAddress, Arch, CPU, Memory, ExecMode, HostKey       string
 }
 
 // HostRows builds the pool table of hosts, sorted by name. now makes AGE
@@ -102,6 +69,18 @@ func HostRows(hosts []v1beta1.SSHHost, now time.Time) []HostRow {
 			State:     state,
 			Installed: h.Status.InstalledProfile,
 			Age:       duration.HumanDuration(now.Sub(h.CreationTimestamp.Time)),
+
+			User:        h.Spec.User,
+			NodeAddress: leave.NodeAddress(h),
+			Arch:        h.Status.ObservedArch,
+			ExecMode:    string(h.Spec.ExecMode),
+			HostKey:     h.Status.HostKeyFingerprint,
+		}
+		if q, ok := h.Spec.Capacity[corev1.ResourceCPU]; ok {
+			r.CPU = q.String()
+		}
+		if q, ok := h.Spec.Capacity[corev1.ResourceMemory]; ok {
+			r.Memory = q.String()
 		}
 		if h.Spec.Port != 0 && h.Spec.Port != 22 {
 			r.Address = fmt.Sprintf("%s:%d", h.Spec.Address, h.Spec.Port)
@@ -124,13 +103,23 @@ func HostRows(hosts []v1beta1.SSHHost, now time.Time) []HostRow {
 	return rows
 }
 
-// WriteHostTable writes the rows as an aligned table plus a per-state count.
-func WriteHostTable(w io.Writer, rows []HostRow) error {
+// WriteHostTable writes the rows as an aligned table plus a per-state
+// count; wide adds user, node address, arch, capacity, exec mode and the
+// pinned host key.
+func WriteHostTable(w io.Writer, rows []HostRow, wide bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tADDRESS\tCLASS\tSTATE\tCLAIM\tINSTALLED\tLAST PHASE\tAGE")
+	head := "NAME\tADDRESS\tCLASS\tSTATE\tCLAIM\tINSTALLED\tLAST PHASE\tAGE"
+	if wide {
+		head += "\tUSER\tNODE ADDRESS\tARCH\tCPU\tMEMORY\tEXEC MODE\tHOST KEY"
+	}
+	fmt.Fprintln(tw, head)
 	counts := map[string]int{}
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Address, r.Class, r.State, dash(r.Claim), dash(r.Installed), dash(r.LastPhase), r.Age)
+		cols := []string{r.Name, r.Address, r.Class, r.State, dash(r.Claim), dash(r.Installed), dash(r.LastPhase), r.Age}
+		if wide {
+			cols = append(cols, dash(r.User), dash(r.NodeAddress), dash(r.Arch), dash(r.CPU), dash(r.Memory), dash(r.ExecMode), dash(r.HostKey))
+		}
+		fmt.Fprintln(tw, strings.Join(cols, "\t"))
 		st, _, _ := strings.Cut(r.State, " (")
 		counts[st]++
 	}
@@ -157,81 +146,82 @@ func dash(s string) string {
 	return s
 }
 
-// subcommand is the shared frame of the pool commands: a flag set printing
-// usage to stderr, interspersed flags, and errors printed with the command's
-// name and mapped to exit codes.
-type subcommand struct {
-	name   string
-	fs     *flag.FlagSet
-	stderr io.Writer
+func (d deps) hostsCommand() *cobra.Command {
+	var cf *clusterFlags
+	var selector string
+	pf := genericclioptions.NewPrintFlags("").WithTypeSetter(scheme.Scheme)
+	c := d.command("hosts", "print the host pool: address, class, state, claim, installed profile, last phase", HostsUsage,
+		func(c *cobra.Command, args []string) error { return d.hosts(c.Context(), cf, pf, selector, args) })
+	cf = d.addClusterFlags(c, "pool `namespace` holding the SSHHosts")
+	c.Flags().StringVarP(&selector, "selector", "l", "", "label `selector` (e.g. karpenter.dklesev.github.io/host-class=big)")
+	pf.AddFlags(c)
+	c.Flags().Lookup("output").Usage = "output `format`: wide, " + strings.Join(pf.AllowedFormats(), ", ") + " (default: the table)"
+	_ = c.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"wide", "json", "yaml", "name", "jsonpath=", "go-template="}, cobra.ShellCompDirectiveNoFileComp))
+	return c
 }
 
-func newSubcommand(name, usage string, stderr io.Writer) *subcommand {
-	// controller-runtime complains on stderr when its logger is never set.
-	ctrllog.SetLogger(logr.Discard())
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
+func (d deps) hosts(ctx context.Context, cf *clusterFlags, pf *genericclioptions.PrintFlags, selector string, args []string) error {
+	if len(args) != 0 {
+		return usageErr("unexpected argument(s) %q", args)
 	}
-	return &subcommand{name: name, fs: fs, stderr: stderr}
-}
-
-// parse returns the positional arguments, or done with the exit code (-h,
-// a bad flag: the flag package has printed why).
-func (c *subcommand) parse(args []string) (pos []string, code int, done bool) {
-	pos, err := parseInterspersed(c.fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		return nil, ExitOK, true
+	if err := cf.check(); err != nil {
+		return err
 	}
+	sel, err := labels.Parse(selector)
 	if err != nil {
-		return nil, ExitUsage, true
+		return usageErr("-l: %v", err)
 	}
-	return pos, ExitOK, false
-}
-
-func (c *subcommand) fail(err error) int {
-	fmt.Fprintf(c.stderr, "%s: %v\n", c.name, err)
-	return ExitCode(err)
-}
-
-// Hosts is `kpssh hosts`.
-func Hosts(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newSubcommand("kpssh hosts", HostsUsage, stderr)
-	pf := addPoolFlags(c.fs, os.Getenv)
-	selector := c.fs.String("l", "", "label `selector` (e.g. karpenter.dklesev.github.io/host-class=big)")
-	pos, code, done := c.parse(args)
-	if done {
-		return code
+	format := *pf.OutputFormat
+	table := format == "wide" || format == "" && *pf.TemplatePrinterFlags.TemplateArgument == ""
+	var printer printers.ResourcePrinter
+	if !table {
+		if printer, err = pf.ToPrinter(); genericclioptions.IsNoCompatiblePrinterError(err) {
+			return usageErr("-o %s: want wide, %s", format, strings.Join(pf.AllowedFormats(), ", "))
+		} else if err != nil {
+			return usageErr("-o %s: %v", format, err)
+		}
 	}
-	fail := c.fail
-	if len(pos) != 0 {
-		return fail(usageErr("unexpected argument(s) %q", pos))
-	}
-	if err := pf.check(); err != nil {
-		return fail(err)
-	}
-	sel, err := labels.Parse(*selector)
+	cl, err := d.connect(cf)
 	if err != nil {
-		return fail(usageErr("-l: %v", err))
+		return err
 	}
-	cl, err := Connect(*pf.kubeconfig, *pf.timeout)
-	if err != nil {
-		return fail(err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, *pf.timeout)
+	ctx, cancel := context.WithTimeout(ctx, cf.timeout)
 	defer cancel()
+	ns := cf.namespace()
 	var list v1beta1.SSHHostList
-	if err := cl.List(ctx, &list, client.InNamespace(*pf.namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
-		return fail(apiErr(err, "", "SSHHosts in "+*pf.namespace))
+	if err := cl.List(ctx, &list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return apiErr(err, "", "SSHHosts in "+ns)
 	}
-	if len(list.Items) == 0 {
-		fmt.Fprintf(stderr, "kpssh hosts: no SSHHosts in namespace %s\n", *pf.namespace)
-		return ExitOK
+	if table && len(list.Items) == 0 {
+		fmt.Fprintf(d.stderr, "kpssh hosts: no SSHHosts in namespace %s\n", ns)
+		return nil
 	}
-	if err := WriteHostTable(stdout, HostRows(list.Items, time.Now())); err != nil {
-		return fail(runtimeErr("write output: %w", err))
+	if table {
+		err = WriteHostTable(d.stdout, HostRows(list.Items, time.Now()), format == "wide")
+	} else {
+		err = printHosts(d.stdout, &list, printer, format == "name")
 	}
-	return ExitOK
+	if err != nil {
+		return runtimeErr("write output: %w", err)
+	}
+	return nil
+}
+
+// printHosts prints the list with a cli-runtime printer: json, yaml and
+// the templates get the SSHHostList, name one line per host
+// (sshhost.karpenter.dklesev.github.io/NAME: it prints no lists).
+func printHosts(w io.Writer, list *v1beta1.SSHHostList, p printers.ResourcePrinter, perItem bool) error {
+	for i := range list.Items {
+		// The API's list items carry no kind; the printers need one.
+		list.Items[i].SetGroupVersionKind(v1beta1.SchemeGroupVersion.WithKind("SSHHost"))
+	}
+	if !perItem {
+		return p.PrintObj(list, w)
+	}
+	for i := range list.Items {
+		if err := p.PrintObj(&list.Items[i], w); err != nil {
+			return err
+		}
+	}
+	return nil
 }

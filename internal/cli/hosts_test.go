@@ -52,7 +52,7 @@ func TestHostTable(t *testing.T) {
 		}),
 	}
 	var buf bytes.Buffer
-	if err := WriteHostTable(&buf, HostRows(hosts, now)); err != nil {
+	if err := WriteHostTable(&buf, HostRows(hosts, now), false); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{
@@ -67,6 +67,22 @@ func TestHostTable(t *testing.T) {
 	}
 	if got := strings.TrimRight(buf.String(), "\n"); got != strings.Join(want, "\n") {
 		t.Errorf("table:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+
+	// -o wide: the same columns, then user, node address, arch, capacity,
+	// exec mode, host key.
+	hosts[1].Spec.NodeAddress = "192.0.2.7"
+	hosts[1].Spec.ExecMode = v1beta1.ExecModeVerified
+	buf.Reset()
+	if err := WriteHostTable(&buf, HostRows(hosts, now), true); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(buf.String(), "\n")
+	if !strings.HasPrefix(lines[0], "NAME     ADDRESS         CLASS     STATE                   CLAIM     INSTALLED   LAST PHASE                                AGE   USER   NODE ADDRESS   ARCH    CPU   MEMORY   EXEC MODE   HOST KEY") ||
+		!strings.HasSuffix(lines[1], "3h    kube   192.0.2.7      amd64   4     8Gi      Verified    SHA256:abc") ||
+		!strings.HasSuffix(lines[5], "3h    kube   10.0.0.5       -       4     8Gi      -           -") ||
+		lines[7] != "5 host(s): 1 InUse, 1 Maintenance, 1 Pending, 2 Unhealthy" {
+		t.Errorf("wide table:\n%s", buf.String())
 	}
 }
 

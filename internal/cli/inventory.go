@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -421,70 +422,78 @@ func (f inventoryFlags) options() InventoryOptions {
 	return o
 }
 
-// ImportInventory is `kpssh import-inventory`.
+// ImportInventory is `kpssh import-inventory` (args without the subcommand
+// name).
 func ImportInventory(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newSubcommand("kpssh import-inventory", ImportInventoryUsage, stderr)
-	fs := c.fs
-	defNS := os.Getenv("POOL_NAMESPACE")
-	if defNS == "" {
-		defNS = v1beta1.DefaultPoolNamespace
-	}
-	ns := fs.String("namespace", defNS, "pool `namespace` of the manifests; $POOL_NAMESPACE sets the default")
-	var inf inventoryFlags
-	fs.StringVar(&inf.parser, "parser", "auto", "`how` to read the inventory: auto (ansible-inventory when on PATH, else the built-in parser), ansible or builtin")
-	fs.StringVar(&inf.format, "format", "", "inventory `format` for the built-in parser: ini or yaml (default: from the extension, else the content)")
-	fs.DurationVar(&inf.timeout, "ansible-timeout", 2*time.Minute, "`bound` on ansible-inventory --list (inventory plugins may ask remote APIs)")
-	keyFile := fs.String("key-file", "", "SSH private key `path` to put into the key Secret (no Secret is written without it)")
-	secretName := fs.String("key-secret", "kpssh-ssh-key", "`name` of the key Secret the hosts reference")
-	fs.StringVar(&inf.classGroups, "class-groups", "", "comma-separated `groups` that are host classes (default: every group listing hosts)")
-	pos, code, done := c.parse(args)
-	if done {
-		return code
-	}
-	fail := c.fail
+	return runSub(ctx, "import-inventory", args, stdout, stderr)
+}
+
+func (d deps) importInventoryCommand() *cobra.Command {
+	var f importFlags
+	c := d.command("import-inventory", "turn an Ansible inventory into SSHHost manifests and a key Secret", ImportInventoryUsage,
+		func(c *cobra.Command, pos []string) error { return d.importInventory(c.Context(), f, pos) })
+	fs := c.Flags()
+	fs.StringVarP(&f.ns, "namespace", "n", poolNamespace(d.getenv), "pool `namespace` of the manifests; $POOL_NAMESPACE sets the default")
+	fs.StringVar(&f.inv.parser, "parser", "auto", "`how` to read the inventory: auto (ansible-inventory when on PATH, else the built-in parser), ansible or builtin")
+	fs.StringVar(&f.inv.format, "format", "", "inventory `format` for the built-in parser: ini or yaml (default: from the extension, else the content)")
+	fs.DurationVar(&f.inv.timeout, "ansible-timeout", 2*time.Minute, "`bound` on ansible-inventory --list (inventory plugins may ask remote APIs)")
+	fs.StringVar(&f.keyFile, "key-file", "", "SSH private key `path` to put into the key Secret (no Secret is written without it)")
+	fs.StringVar(&f.secretName, "key-secret", "kpssh-ssh-key", "`name` of the key Secret the hosts reference")
+	fs.StringVar(&f.inv.classGroups, "class-groups", "", "comma-separated `groups` that are host classes (default: every group listing hosts)")
+	_ = c.RegisterFlagCompletionFunc("parser", cobra.FixedCompletions([]string{"auto", "ansible", "builtin"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = c.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{"ini", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	return c
+}
+
+// importFlags are import-inventory's flags.
+type importFlags struct {
+	inv                     inventoryFlags
+	ns, keyFile, secretName string
+}
+
+func (d deps) importInventory(ctx context.Context, f importFlags, pos []string) error {
 	if len(pos) != 1 {
-		fmt.Fprintf(stderr, "kpssh import-inventory: want INVENTORY, got %d argument(s)\n", len(pos))
-		fs.Usage()
-		return ExitUsage
+		return withUsage("want INVENTORY, got %d argument(s)", len(pos))
 	}
-	if errs := validation.IsDNS1123Label(*ns); len(errs) > 0 {
-		return fail(usageErr("--namespace %q: %s", *ns, strings.Join(errs, "; ")))
+	ns := f.ns
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return usageErr("--namespace %q: %s", ns, strings.Join(errs, "; "))
 	}
-	if errs := validation.IsDNS1123Subdomain(*secretName); len(errs) > 0 {
-		return fail(usageErr("--key-secret %q: %s", *secretName, strings.Join(errs, "; ")))
+	if errs := validation.IsDNS1123Subdomain(f.secretName); len(errs) > 0 {
+		return usageErr("--key-secret %q: %s", f.secretName, strings.Join(errs, "; "))
 	}
-	if inf.timeout <= 0 {
-		return fail(usageErr("--ansible-timeout must be positive"))
+	if f.inv.timeout <= 0 {
+		return usageErr("--ansible-timeout must be positive")
 	}
 	path := pos[0]
-	inv, err := inf.load(ctx, path, stderr)
+	inv, err := f.inv.load(ctx, path, d.stderr)
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	hosts, err := inventoryHosts(inv, inf.options())
+	hosts, err := inventoryHosts(inv, f.inv.options())
 	if err != nil {
-		return fail(usageErr("%s: %v", path, err))
+		return usageErr("%s: %v", path, err)
 	}
 	if len(hosts) == 0 {
-		return fail(usageErr("%s: no hosts", path))
+		return usageErr("%s: no hosts", path)
 	}
 	var objs []any
-	if *keyFile != "" {
-		s, err := keySecret(*keyFile, *secretName, *ns)
+	if f.keyFile != "" {
+		s, err := keySecret(f.keyFile, f.secretName, ns)
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		objs = append(objs, s)
 	}
-	warnKeyFiles(hosts, *secretName, stderr)
-	for _, h := range InventoryManifests(hosts, *ns, *secretName) {
+	warnKeyFiles(hosts, f.secretName, d.stderr)
+	for _, h := range InventoryManifests(hosts, ns, f.secretName) {
 		objs = append(objs, h)
 	}
-	if err := writeManifests(stdout, objs...); err != nil {
-		return fail(runtimeErr("write: %v", err))
+	if err := writeManifests(d.stdout, objs...); err != nil {
+		return runtimeErr("write: %v", err)
 	}
-	fmt.Fprintf(stderr, "kpssh import-inventory: %d SSHHost(s) in namespace %s\n", len(hosts), *ns)
-	return ExitOK
+	fmt.Fprintf(d.stderr, "kpssh import-inventory: %d SSHHost(s) in namespace %s\n", len(hosts), ns)
+	return nil
 }
 
 // warnKeyFiles: a host's own private key file is not what it will use.

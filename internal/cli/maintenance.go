@@ -4,9 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
 
+	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -129,48 +128,52 @@ func patchJSON(ctx context.Context, c client.Client, h *v1beta1.SSHHost, body ma
 	return nil
 }
 
-// MaintenanceCmd is `kpssh maintenance`.
-func MaintenanceCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newSubcommand("kpssh maintenance", MaintenanceUsage, stderr)
-	fs := c.fs
-	pf := addPoolFlags(fs, os.Getenv)
-	evictF := fs.Bool("evict", false, "on: delete the NodeClaim the host serves (drain + leave through Karpenter)")
-	rebuilt := fs.Bool("rebuilt", false, "off: also clear the install marker and the pinned host key")
-	pos, code, done := c.parse(args)
-	if done {
-		return code
+func (d deps) maintenanceCommand() *cobra.Command {
+	var cf *clusterFlags
+	var o MaintenanceOptions
+	c := d.command("maintenance", "on|off HOST: park a host for maintenance (--evict its NodeClaim) or hand it back", MaintenanceUsage,
+		func(c *cobra.Command, args []string) error { return d.maintenance(c.Context(), cf, o, args) })
+	cf = d.addClusterFlags(c, "pool `namespace` holding the SSHHosts")
+	c.Flags().BoolVar(&o.Evict, "evict", false, "on: delete the NodeClaim the host serves (drain + leave through Karpenter)")
+	c.Flags().BoolVar(&o.Rebuilt, "rebuilt", false, "off: also clear the install marker and the pinned host key")
+	c.ValidArgsFunction = func(c *cobra.Command, args []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		switch len(args) {
+		case 0:
+			return []cobra.Completion{"on", "off"}, cobra.ShellCompDirectiveNoFileComp
+		case 1:
+			return d.completeHosts(c, cf), cobra.ShellCompDirectiveNoFileComp
+		}
+		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
-	fail := c.fail
+	return c
+}
+
+func (d deps) maintenance(ctx context.Context, cf *clusterFlags, o MaintenanceOptions, pos []string) error {
 	if len(pos) != 2 || (pos[0] != "on" && pos[0] != "off") {
-		fmt.Fprintf(stderr, "kpssh maintenance: want on|off HOST, got %q\n", pos)
-		fs.Usage()
-		return ExitUsage
+		return withUsage("want on|off HOST, got %q", pos)
 	}
-	o := MaintenanceOptions{Namespace: *pf.namespace, Host: pos[1], On: pos[0] == "on", Evict: *evictF, Rebuilt: *rebuilt}
-	if err := pf.check(); err != nil {
-		return fail(err)
+	o.Namespace, o.Host, o.On = cf.namespace(), pos[1], pos[0] == "on"
+	if err := cf.check(); err != nil {
+		return err
 	}
 	if o.Host == "" {
-		return fail(usageErr("HOST must not be empty"))
+		return usageErr("HOST must not be empty")
 	}
 	if o.On && o.Rebuilt {
-		return fail(usageErr("--rebuilt goes with off (clear the marker when handing a rebuilt host back)"))
+		return usageErr("--rebuilt goes with off (clear the marker when handing a rebuilt host back)")
 	}
 	if !o.On && o.Evict {
-		return fail(usageErr("--evict goes with on"))
+		return usageErr("--evict goes with on")
 	}
-	cl, err := connectClient(*pf.kubeconfig, *pf.timeout)
+	cl, err := d.connect(cf)
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, *pf.timeout)
+	ctx, cancel := context.WithTimeout(ctx, cf.timeout)
 	defer cancel()
 	lines, err := Maintain(ctx, cl, o)
 	for _, l := range lines {
-		fmt.Fprintln(stdout, l)
+		fmt.Fprintln(d.stdout, l)
 	}
-	if err != nil {
-		return fail(err)
-	}
-	return ExitOK
+	return err
 }

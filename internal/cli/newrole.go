@@ -14,6 +14,8 @@ import (
 	"strings"
 	"text/template"
 
+	"github.com/spf13/cobra"
+
 	"github.com/dklesev/kpssh/internal/engine"
 )
 
@@ -127,27 +129,31 @@ func NewRole(dir, name string) ([]string, error) {
 	return written, nil
 }
 
-// NewRoleCmd is `kpssh new-role`.
-func NewRoleCmd(_ context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newSubcommand("kpssh new-role", NewRoleUsage, stderr)
-	dir := c.fs.String("dir", ".", "parent `directory` of the new role")
-	pos, code, done := c.parse(args)
-	if done {
-		return code
-	}
-	if len(pos) != 1 {
-		fmt.Fprintf(stderr, "kpssh new-role: want NAME, got %d argument(s)\n", len(pos))
-		c.fs.Usage()
-		return ExitUsage
-	}
-	files, err := NewRole(*dir, pos[0])
-	if err != nil {
-		return c.fail(err)
-	}
-	root := filepath.Join(*dir, pos[0])
-	for _, f := range files {
-		fmt.Fprintln(stdout, filepath.Join(root, f))
-	}
-	fmt.Fprintf(stdout, "\nrole %s written; next: kpssh validate PROFILE.yaml --class CLASS.yaml --content %s\n", pos[0], *dir)
-	return ExitOK
+// NewRoleCmd is `kpssh new-role` (args without the subcommand name).
+func NewRoleCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runSub(ctx, "new-role", args, stdout, stderr)
+}
+
+func (d deps) newRoleCommand() *cobra.Command {
+	var dir string
+	c := d.command("new-role", "NAME: write a role skeleton (phases, argument specs, defaults, README, molecule scenario)", NewRoleUsage,
+		func(_ *cobra.Command, pos []string) error {
+			if len(pos) != 1 {
+				return withUsage("want NAME, got %d argument(s)", len(pos))
+			}
+			files, err := NewRole(dir, pos[0])
+			if err != nil {
+				return err
+			}
+			root := filepath.Join(dir, pos[0])
+			for _, f := range files {
+				fmt.Fprintln(d.stdout, filepath.Join(root, f))
+			}
+			fmt.Fprintf(d.stdout, "\nrole %s written; next: kpssh validate PROFILE.yaml --class CLASS.yaml --content %s\n", pos[0], dir)
+			return nil
+		})
+	c.Flags().StringVar(&dir, "dir", ".", "parent `directory` of the new role")
+	_ = c.MarkFlagDirname("dir")
+	c.ValidArgsFunction = cobra.NoFileCompletions
+	return c
 }

@@ -10,27 +10,22 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	karpcp "sigs.k8s.io/karpenter/pkg/cloudprovider"
 	"sigs.k8s.io/karpenter/pkg/scheduling"
@@ -43,13 +38,6 @@ import (
 	"github.com/dklesev/kpssh/internal/providers/instancetype"
 	"github.com/dklesev/kpssh/internal/providers/leave"
 	"github.com/dklesev/kpssh/internal/providers/phase"
-)
-
-// Exit codes of every kpssh subcommand.
-const (
-	ExitOK      = 0
-	ExitRuntime = 1 // the API server could not be reached or answered with an error
-	ExitUsage   = 2 // bad arguments or configuration: unknown host, bad phase, invalid profile…
 )
 
 // BootstrapTokenPlaceholder stands in for the join token: render never mints
@@ -66,69 +54,6 @@ const (
 	ClusterEndpointPlaceholder = "<cluster-endpoint>"
 	ClusterCAPlaceholder       = "<cluster-ca-b64>"
 )
-
-// DefaultAPITimeout bounds all API reads of one command.
-const DefaultAPITimeout = 30 * time.Second
-
-// exitError carries an exit code; its message is safe to print (no secret
-// values ever reach one).
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
-
-func usageErr(format string, a ...any) error {
-	return &exitError{code: ExitUsage, err: fmt.Errorf(format, a...)}
-}
-
-func runtimeErr(format string, a ...any) error {
-	return &exitError{code: ExitRuntime, err: fmt.Errorf(format, a...)}
-}
-
-// ExitCode maps an error of a subcommand to its exit code: ExitUsage for
-// usage and configuration errors, ExitRuntime for everything else.
-func ExitCode(err error) int {
-	if err == nil {
-		return ExitOK
-	}
-	var ee *exitError
-	if errors.As(err, &ee) {
-		return ee.code
-	}
-	return ExitRuntime
-}
-
-// apiErr classifies an API error for a read of what: NotFound is the
-// caller's configuration (ExitUsage, with notFound as the message), anything
-// else (unreachable, forbidden, timeout) is ExitRuntime.
-func apiErr(err error, notFound string, what string) error {
-	if apierrors.IsNotFound(err) && notFound != "" {
-		return usageErr("%s", notFound)
-	}
-	return runtimeErr("read %s: %w", what, err)
-}
-
-// Connect builds a client from a kubeconfig path ("" = the usual loading
-// rules: $KUBECONFIG, ~/.kube/config, in-cluster). A kubeconfig that cannot
-// be loaded is a usage error; nothing is dialled here.
-func Connect(kubeconfig string, timeout time.Duration) (client.Reader, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
-	if err != nil {
-		return nil, usageErr("kubeconfig: %w", err)
-	}
-	cfg.Timeout = timeout
-	cfg.UserAgent = "kpssh-cli"
-	c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		return nil, runtimeErr("API client: %w", err)
-	}
-	return c, nil
-}
 
 // RenderOptions says what to render.
 type RenderOptions struct {
@@ -191,7 +116,7 @@ func (r *Renderer) warn(format string, a ...any) {
 // Render resolves and renders one phase of one host.
 func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, error) {
 	if !o.Phase.Valid() {
-		return nil, usageErr("unknown phase %q (want install, join, leave, uninstall or reboot)", o.Phase)
+		return nil, usageErr("unknown phase %q (want %s)", o.Phase, engine.PhaseNames())
 	}
 	h := &v1beta1.SSHHost{}
 	key := client.ObjectKey{Namespace: o.Namespace, Name: o.Host}
@@ -480,15 +405,8 @@ func secretValues(m map[string]string) []string {
 	return out
 }
 
-// renderCmd is `kpssh render` with its dependencies injectable for tests.
-type renderCmd struct {
-	connect func(kubeconfig string, timeout time.Duration) (client.Reader, error)
-	cluster clusterinfo.Provider // nil = from the client
-	getenv  func(string) string
-}
-
 // RenderUsage is the synopsis of `kpssh render`.
-const RenderUsage = `usage: kpssh render [--kubeconfig PATH] [--namespace POOL_NS] [--nodeclass NAME] [--timeout 30s] HOST PHASE
+const RenderUsage = `usage: kpssh render [--nodeclass NAME] [-n POOL_NS] [--context CTX] [--timeout 30s] HOST PHASE
        kpssh render --profile PROFILE.yaml --host HOST.yaml [--class CLASS.yaml] [--secret SECRET.yaml] PHASE
 
 Print the playbook and the script (with its KPSSH_* preamble), or the
@@ -511,99 +429,72 @@ configuration error (unknown host, bad phase, invalid profile, ...).
 flags:
 `
 
-// Render is `kpssh render` (args without the subcommand name). It writes the
-// rendering to stdout, warnings and errors to stderr, and returns the exit
-// code.
-func Render(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return renderCmd{connect: Connect, getenv: os.Getenv}.run(ctx, args, stdout, stderr)
+func (d deps) renderCommand() *cobra.Command {
+	var cf *clusterFlags
+	var ncName, profileFile, hostFile, classFile, secretFile string
+	c := d.command("render", "print the playbook and inputs a phase would run on a host (secrets masked)", RenderUsage,
+		func(c *cobra.Command, pos []string) error {
+			if profileFile != "" || hostFile != "" || classFile != "" || secretFile != "" {
+				return renderOffline(c.Context(), profileFile, hostFile, classFile, secretFile, pos, d.stdout, d.stderr)
+			}
+			return d.render(c.Context(), cf, ncName, pos)
+		})
+	cf = d.addClusterFlags(c, "pool `namespace` holding the SSHHosts and the join Secret")
+	fs := c.Flags()
+	fs.StringVar(&ncName, "nodeclass", "", "SSHNodeClass `name` (default: the claiming NodeClaim's, else the only one selecting the host)")
+	fs.StringVar(&profileFile, "profile", "", "offline: SSHJoinProfile manifest `file` (with --host; no cluster is read)")
+	fs.StringVar(&hostFile, "host", "", "offline: SSHHost manifest `file`")
+	fs.StringVar(&classFile, "class", "", "offline: SSHNodeClass manifest `file`")
+	fs.StringVar(&secretFile, "secret", "", "offline: the join Secret's manifest `file` (values masked)")
+	c.ValidArgsFunction = func(c *cobra.Command, args []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		offline := profileFile != "" || hostFile != ""
+		switch {
+		case len(args) == 0 && !offline:
+			return d.completeHosts(c, cf), cobra.ShellCompDirectiveNoFileComp
+		case len(args) == 0, len(args) == 1 && !offline:
+			return phaseNames(), cobra.ShellCompDirectiveNoFileComp
+		}
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	return c
 }
 
-func (c renderCmd) run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	// controller-runtime complains on stderr when its logger is never set.
-	ctrllog.SetLogger(logr.Discard())
-	fs := flag.NewFlagSet("kpssh render", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, RenderUsage)
-		fs.PrintDefaults()
+func phaseNames() []string {
+	out := make([]string, 0, len(engine.Phases))
+	for _, ph := range engine.Phases {
+		out = append(out, string(ph))
 	}
-	defNS := c.getenv("POOL_NAMESPACE")
-	if defNS == "" {
-		defNS = v1beta1.DefaultPoolNamespace
-	}
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig `path` (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
-	ns := fs.String("namespace", defNS, "pool `namespace` holding the SSHHosts and the join Secret; $POOL_NAMESPACE sets the default")
-	ncName := fs.String("nodeclass", "", "SSHNodeClass `name` (default: the claiming NodeClaim's, else the only one selecting the host)")
-	timeout := fs.Duration("timeout", DefaultAPITimeout, "bound on the API reads")
-	profileFile := fs.String("profile", "", "offline: SSHJoinProfile manifest `file` (with --host; no cluster is read)")
-	hostFile := fs.String("host", "", "offline: SSHHost manifest `file`")
-	classFile := fs.String("class", "", "offline: SSHNodeClass manifest `file`")
-	secretFile := fs.String("secret", "", "offline: the join Secret's manifest `file` (values masked)")
-	pos, err := parseInterspersed(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		return ExitOK
-	}
-	if err != nil {
-		return ExitUsage // the flag package printed the error and the usage
-	}
-	if *profileFile != "" || *hostFile != "" || *classFile != "" || *secretFile != "" {
-		return renderOffline(ctx, *profileFile, *hostFile, *classFile, *secretFile, pos, stdout, stderr)
-	}
+	return out
+}
+
+func (d deps) render(ctx context.Context, cf *clusterFlags, ncName string, pos []string) error {
 	if len(pos) != 2 {
-		fmt.Fprintf(stderr, "kpssh render: want HOST PHASE, got %d argument(s)\n", len(pos))
-		fs.Usage()
-		return ExitUsage
+		return withUsage("want HOST PHASE, got %d argument(s)", len(pos))
 	}
-	if *timeout <= 0 {
-		fmt.Fprintln(stderr, "kpssh render: --timeout must be positive")
-		return ExitUsage
+	if cf.timeout <= 0 {
+		return usageErr("--timeout must be positive")
 	}
-	o := RenderOptions{Namespace: *ns, Host: pos[0], Phase: engine.Phase(pos[1]), NodeClass: *ncName}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "kpssh render: %v\n", err)
-		return ExitCode(err)
-	}
+	o := RenderOptions{Namespace: cf.namespace(), Host: pos[0], Phase: engine.Phase(pos[1]), NodeClass: ncName}
 	// Bad input needs no API server.
 	if !o.Phase.Valid() {
-		return fail(usageErr("unknown phase %q (want install, join, leave, uninstall or reboot)", pos[1]))
+		return usageErr("unknown phase %q (want %s)", pos[1], engine.PhaseNames())
 	}
 	if o.Host == "" || o.Namespace == "" {
-		return fail(usageErr("HOST and --namespace must not be empty"))
+		return usageErr("HOST and --namespace must not be empty")
 	}
-	cl, err := c.connect(*kubeconfig, *timeout)
+	cl, err := d.connect(cf)
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	ctx, cancel := context.WithTimeout(ctx, cf.timeout)
 	defer cancel()
-	r := &Renderer{Client: cl, Cluster: c.cluster, Warn: func(msg string) { fmt.Fprintf(stderr, "kpssh render: warning: %s\n", msg) }}
+	r := &Renderer{Client: cl, Cluster: d.cluster, Warn: func(msg string) { fmt.Fprintf(d.stderr, "kpssh render: warning: %s\n", msg) }}
 	res, err := r.Render(ctx, o)
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	if _, err := io.WriteString(stdout, res.Header()+"\n"+res.Text); err != nil {
-		return fail(runtimeErr("write output: %w", err))
+	if _, err := io.WriteString(d.stdout, res.Header()+"\n"+res.Text); err != nil {
+		return runtimeErr("write output: %w", err)
 	}
-	return ExitOK
-}
-
-// parseInterspersed parses flags before, between and after the positional
-// arguments (`kpssh render h1 join --nodeclass x`); everything after "--" is
-// positional.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
-			return append(pos, rest...), nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
+	return nil
 }

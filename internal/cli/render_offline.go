@@ -68,7 +68,7 @@ type OfflineRender struct {
 // cluster: the same Renderer, over the files.
 func (o OfflineRender) Render(ctx context.Context) (*Rendered, error) {
 	if !o.Phase.Valid() {
-		return nil, usageErr("unknown phase %q (want install, join, leave or uninstall)", o.Phase)
+		return nil, usageErr("unknown phase %q (want %s)", o.Phase, engine.PhaseNames())
 	}
 	h, p := o.Host.DeepCopy(), o.Profile.DeepCopy()
 	if h.Namespace == "" {
@@ -143,36 +143,32 @@ func (o OfflineRender) Render(ctx context.Context) (*Rendered, error) {
 }
 
 // renderOffline is `kpssh render --profile P --host H [--class C] [--secret S] PHASE`.
-func renderOffline(ctx context.Context, profileFile, hostFile, classFile, secretFile string, pos []string, stdout, stderr io.Writer) int {
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "kpssh render: %v\n", err)
-		return ExitCode(err)
-	}
+func renderOffline(ctx context.Context, profileFile, hostFile, classFile, secretFile string, pos []string, stdout, stderr io.Writer) error {
 	if len(pos) != 1 {
-		return fail(usageErr("with --profile and --host, want PHASE, got %d argument(s)", len(pos)))
+		return usageErr("with --profile and --host, want PHASE, got %d argument(s)", len(pos))
 	}
 	if profileFile == "" || hostFile == "" {
-		return fail(usageErr("offline render needs both --profile and --host"))
+		return usageErr("offline render needs both --profile and --host")
 	}
 	o := OfflineRender{Phase: engine.Phase(pos[0]), Warn: func(msg string) { fmt.Fprintf(stderr, "kpssh render: warning: %s\n", msg) }}
 	if !o.Phase.Valid() {
-		return fail(usageErr("unknown phase %q (want install, join, leave or uninstall)", pos[0]))
+		return usageErr("unknown phase %q (want %s)", pos[0], engine.PhaseNames())
 	}
 	var err error
 	if o.Profile, err = readObject[v1beta1.SSHJoinProfile](profileFile, "SSHJoinProfile"); err != nil {
-		return fail(err)
+		return err
 	}
 	if o.Host, err = readObject[v1beta1.SSHHost](hostFile, "SSHHost"); err != nil {
-		return fail(err)
+		return err
 	}
 	if classFile != "" {
 		if o.Classes, err = readObjects[v1beta1.SSHNodeClass](classFile, "SSHNodeClass"); err != nil {
-			return fail(err)
+			return err
 		}
 	}
 	if secretFile != "" {
 		if o.Secret, err = readCoreObject[corev1.Secret](secretFile, "Secret"); err != nil {
-			return fail(err)
+			return err
 		}
 		for k, v := range o.Secret.StringData {
 			// the apiserver folds stringData into data
@@ -185,10 +181,10 @@ func renderOffline(ctx context.Context, profileFile, hostFile, classFile, secret
 	}
 	res, err := o.Render(ctx)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	if _, err := io.WriteString(stdout, res.Header()+"\n"+res.Text); err != nil {
-		return fail(runtimeErr("write output: %w", err))
+		return runtimeErr("write output: %w", err)
 	}
-	return ExitOK
+	return nil
 }

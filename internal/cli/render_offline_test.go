@@ -76,7 +76,7 @@ func TestRenderOffline(t *testing.T) {
 	tasksF := manifest(t, dir, "tasks.yaml", tasksProfile())
 
 	cluster := world(host, class)
-	for _, ph := range []string{"install", "join", "leave"} {
+	for _, ph := range []string{"install", "join", "leave", "verify"} {
 		t.Run("same as the cluster's/"+ph, func(t *testing.T) {
 			want := runRender(t, cluster, nil, "h1", ph, "--nodeclass", "small")
 			if want.code != ExitOK {

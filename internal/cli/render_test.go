@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
-	"io"
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -84,6 +82,7 @@ func scriptProfile(name, version string) *v1beta1.SSHJoinProfile {
 			Install: "echo install-" + v1beta1.Script(name) + " k8s {{ .Vars.k8sMinor }}\n",
 			Join:    "kubeadm join {{ .ClusterEndpoint }} --token \"$KPSSH_BOOTSTRAP_TOKEN\" --code {{ .Secrets.activation }}\n",
 			Leave:   "echo leave-" + v1beta1.Script(name) + "\nsystemctl disable --now kubelet\n",
+			Verify:  "test -e /dev/kvm # {{ .Vars.k8sMinor }} {{ .Secrets.activation }}\n",
 		}},
 	}
 }
@@ -170,6 +169,20 @@ type result struct {
 	connects       int
 }
 
+// fakeDeps are the process's deps with c as the cluster (counting the
+// connects) and $POOL_NAMESPACE=ns.
+func fakeDeps(c client.Client, connects *int, stdout, stderr *bytes.Buffer) deps {
+	d := processDeps(stdout, stderr)
+	d.connect = func(*clusterFlags) (client.Client, error) { *connects++; return c, nil }
+	d.getenv = func(k string) string {
+		if k == "POOL_NAMESPACE" {
+			return ns
+		}
+		return ""
+	}
+	return d
+}
+
 func runRender(t *testing.T, objs []client.Object, funcs *interceptor.Funcs, args ...string) result {
 	t.Helper()
 	b := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...)
@@ -178,17 +191,9 @@ func runRender(t *testing.T, objs []client.Object, funcs *interceptor.Funcs, arg
 	}
 	c := b.Build()
 	var res result
-	cmd := renderCmd{
-		connect: func(string, time.Duration) (client.Reader, error) { res.connects++; return c, nil },
-		getenv: func(k string) string {
-			if k == "POOL_NAMESPACE" {
-				return ns
-			}
-			return ""
-		},
-	}
 	var out, errb bytes.Buffer
-	res.code = cmd.run(context.Background(), args, &out, &errb)
+	d := fakeDeps(c, &res.connects, &out, &errb)
+	res.code = d.run(context.Background(), append([]string{"render"}, args...))
 	res.stdout, res.stderr = out.String(), errb.String()
 	// Never, in any case: a secret value, key material.
 	for _, s := range []string{canary, shortSecret, "PRIVATE KEY", "ssh-ed25519"} {
@@ -557,7 +562,7 @@ func TestRenderUsage(t *testing.T) {
 		{"bad phase", []string{"h1", "bogus"}, ExitUsage, `unknown phase "bogus"`},
 		{"missing phase", []string{"h1"}, ExitUsage, "want HOST PHASE, got 1 argument(s)"},
 		{"too many", []string{"h1", "join", "extra"}, ExitUsage, "want HOST PHASE, got 3 argument(s)"},
-		{"unknown flag (no --show-secrets)", []string{"--show-secrets", "h1", "join"}, ExitUsage, "flag provided but not defined: -show-secrets"},
+		{"unknown flag (no --show-secrets)", []string{"--show-secrets", "h1", "join"}, ExitUsage, "kpssh render: unknown flag: --show-secrets"},
 		{"bad timeout", []string{"--timeout", "0s", "h1", "join"}, ExitUsage, "--timeout must be positive"},
 		{"help", []string{"-h"}, ExitOK, "usage: kpssh render"},
 	}
@@ -574,7 +579,9 @@ func TestRenderUsage(t *testing.T) {
 	}
 }
 
-func TestParseInterspersed(t *testing.T) {
+// Flags go before, between and after the arguments; "--" ends them; Go's
+// flag package spellings (-nodeclass x, -timeout=20s) still work.
+func TestFlagSpellings(t *testing.T) {
 	cases := []struct {
 		args []string
 		pos  []string
@@ -584,16 +591,27 @@ func TestParseInterspersed(t *testing.T) {
 		{[]string{"--nodeclass", "x", "h1", "join"}, []string{"h1", "join"}, "x"},
 		{[]string{"h1", "--nodeclass=x", "join"}, []string{"h1", "join"}, "x"},
 		{[]string{"h1", "join", "-nodeclass", "x"}, []string{"h1", "join"}, "x"},
+		{[]string{"-nodeclass=x", "-timeout=20s", "h1", "join"}, []string{"h1", "join"}, "x"},
 		{[]string{"--", "-h1", "join"}, []string{"-h1", "join"}, ""},
 		{[]string{"h1", "--", "--nodeclass", "x"}, []string{"h1", "--nodeclass", "x"}, ""},
 	}
 	for _, tc := range cases {
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		nc := fs.String("nodeclass", "", "")
-		pos, err := parseInterspersed(fs, tc.args)
-		if err != nil || !reflect.DeepEqual(pos, tc.pos) || *nc != tc.nc {
-			t.Errorf("%q: pos %q nodeclass %q err %v; want %q %q", tc.args, pos, *nc, err, tc.pos, tc.nc)
+		var pos []string
+		var nc string
+		var out, errb bytes.Buffer
+		d := processDeps(&out, &errb)
+		root := d.root()
+		render, _, err := root.Find([]string{"render"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		render.RunE = func(c *cobra.Command, args []string) error {
+			pos, nc = args, c.Flag("nodeclass").Value.String()
+			return nil
+		}
+		root.SetArgs(goFlagSpellings(root, append([]string{"render"}, tc.args...)))
+		if err := root.Execute(); err != nil || !reflect.DeepEqual(pos, tc.pos) || nc != tc.nc {
+			t.Errorf("%q: pos %q nodeclass %q err %v; want %q %q\n%s", tc.args, pos, nc, err, tc.pos, tc.nc, errb.String())
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/envelope"
 	"github.com/dklesev/kpssh/internal/profile"
 )
 
@@ -38,8 +39,8 @@ spec:
 `
 
 // TestSign signs with a key made by the real ssh-keygen; the printed block,
-// pasted under spec, verifies in the engine (v1 and v2) and — v1 — in the
-// real ssh-keygen -Y verify too.
+// pasted under spec, verifies in the engine (v1 and v2) and in the real
+// ssh-keygen -Y verify too.
 func TestSign(t *testing.T) {
 	dir := t.TempDir()
 	keyPath, pub := signerKey(t, dir)
@@ -57,36 +58,7 @@ func TestSign(t *testing.T) {
 		if !strings.Contains(warn.String(), "join script has no `set -euo pipefail`") {
 			t.Errorf("no warning for the lax join: %q", warn.String())
 		}
-		// paste the block under spec
-		full := signProfile + "  " + strings.ReplaceAll(strings.TrimSuffix(out, "\n"), "\n", "\n  ") + "\n"
-		p := &v1beta1.SSHJoinProfile{}
-		if err := yaml.UnmarshalStrict([]byte(full), p); err != nil {
-			t.Fatalf("signed profile does not parse: %v\n%s", err, full)
-		}
-		h := &v1beta1.SSHHost{Spec: v1beta1.SSHHostSpec{ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{v1beta1.TrustedSigner(strings.TrimSpace(string(pub)))}}}
-		for _, ph := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave} {
-			src, err := profile.VerifiedSource(p, ph, h)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := engine.VerifySignature(ph, src); err != nil {
-				t.Fatalf("manifest=%v %s: %v", manifest, ph, err)
-			}
-			if manifest != strings.HasPrefix(src.Verified.Signature, "kpssh-manifest: 2\nphase: "+string(ph)+"\nprofile: tls@7\n") {
-				t.Fatalf("manifest=%v: signature field %q", manifest, src.Verified.Signature)
-			}
-			if !manifest {
-				allowed := filepath.Join(dir, "allowed")
-				_ = os.WriteFile(allowed, []byte("kpssh "+string(pub)), 0o600)
-				sig := filepath.Join(dir, "s.sig")
-				_ = os.WriteFile(sig, []byte(src.Verified.Signature), 0o600)
-				c := exec.Command("ssh-keygen", "-Y", "verify", "-f", allowed, "-I", "kpssh", "-n", "kpssh", "-s", sig)
-				c.Stdin = strings.NewReader(src.Script)
-				if o, err := c.CombinedOutput(); err != nil {
-					t.Fatalf("ssh-keygen rejects kpssh sign's %s signature: %v: %s", ph, err, o)
-				}
-			}
-		}
+		checkSigned(t, dir, out, pub, manifest, engine.PhaseInstall, engine.PhaseJoin, engine.PhaseLeave)
 	}
 	for _, tc := range []struct {
 		name string
@@ -109,6 +81,49 @@ func TestSign(t *testing.T) {
 	var so, se bytes.Buffer
 	if rc := Sign(context.Background(), []string{"-key", keyPath}, &so, &se); rc != ExitUsage {
 		t.Fatalf("missing profile arg: rc %d", rc)
+	}
+}
+
+// checkSigned pastes kpssh sign's output under signProfile's spec and checks
+// each phase's signature: the engine verifies it for a Verified host
+// trusting pub (v1, or v2 with its manifest), and so does the real
+// ssh-keygen -Y verify (over the script, or over the v2 manifest).
+func checkSigned(t *testing.T, dir, out string, pub []byte, manifest bool, phases ...engine.Phase) {
+	t.Helper()
+	full := signProfile + "  " + strings.ReplaceAll(strings.TrimSuffix(out, "\n"), "\n", "\n  ") + "\n"
+	p := &v1beta1.SSHJoinProfile{}
+	if err := yaml.UnmarshalStrict([]byte(full), p); err != nil {
+		t.Fatalf("signed profile does not parse: %v\n%s", err, full)
+	}
+	h := &v1beta1.SSHHost{Spec: v1beta1.SSHHostSpec{ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{v1beta1.TrustedSigner(strings.TrimSpace(string(pub)))}}}
+	for _, ph := range phases {
+		src, err := profile.VerifiedSource(p, ph, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := engine.VerifySignature(ph, src); err != nil {
+			t.Fatalf("manifest=%v %s: %v", manifest, ph, err)
+		}
+		if manifest != strings.HasPrefix(src.Verified.Signature, "kpssh-manifest: 2\nphase: "+string(ph)+"\nprofile: tls@7\n") {
+			t.Fatalf("manifest=%v: signature field %q", manifest, src.Verified.Signature)
+		}
+		f, err := envelope.ParseSignedField(src.Verified.Signature)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := src.Script
+		if manifest {
+			msg = string(f.Manifest)
+		}
+		allowed := filepath.Join(dir, "allowed")
+		_ = os.WriteFile(allowed, []byte("kpssh "+string(pub)), 0o600)
+		sig := filepath.Join(dir, "s.sig")
+		_ = os.WriteFile(sig, f.Signature, 0o600)
+		c := exec.Command("ssh-keygen", "-Y", "verify", "-f", allowed, "-I", "kpssh", "-n", "kpssh", "-s", sig)
+		c.Stdin = strings.NewReader(msg)
+		if o, err := c.CombinedOutput(); err != nil {
+			t.Fatalf("ssh-keygen rejects kpssh sign's %s signature (manifest=%v): %v: %s", ph, manifest, err, o)
+		}
 	}
 }
 
@@ -201,7 +216,7 @@ func TestSignParamPolicy(t *testing.T) {
 	}{
 		{"no endpoint rule", []string{"-manifest", "-ca-file", caFile}, "KPSSH_CLUSTER_ENDPOINT needs a rule"},
 		{"no CA rule", []string{"-manifest", "-param", "KPSSH_CLUSTER_ENDPOINT=https://a"}, "KPSSH_CLUSTER_CA_B64 needs a rule"},
-		{"v1", []string{"-param", "KPSSH_CLUSTER_ENDPOINT=https://a", "-ca-file", caFile}, "needs -manifest"},
+		{"v1", []string{"-param", "KPSSH_CLUSTER_ENDPOINT=https://a", "-ca-file", caFile}, "needs --manifest"},
 		{"bad name", []string{"-manifest", "-param", "PATH=/tmp"}, "PATH"},
 		{"not NAME=RULE", []string{"-manifest", "-param", "KPSSH_X"}, "NAME=RULE"},
 		{"bad pattern", []string{"-manifest", "-param", `KPSSH_VAR_x=re:\d+`}, "KPSSH_VAR_x"},
@@ -223,5 +238,45 @@ func TestSignParamPolicy(t *testing.T) {
 	se.Reset()
 	if rc := Sign(context.Background(), []string{"-key", keyPath, "-manifest", prof}, &so, &se); rc != ExitOK || !strings.Contains(se.String(), "no param policy") {
 		t.Fatalf("rc %d, want a warning about the missing policy: %s", rc, se.String())
+	}
+}
+
+// A verify phase is signed by default, and kpssh validate refuses a signed
+// profile whose verify is not: a Verified host would refuse it at every
+// launch, and no NodeClaim would ever register.
+func TestSignAndValidateVerify(t *testing.T) {
+	dir := t.TempDir()
+	keyPath, pub := signerKey(t, dir)
+	// install 8m: install + join + verify fit the registration window.
+	withVerify := signProfile + "    verify: |\n      set -euo pipefail\n      test -e /dev/kvm\n  timeouts: {install: 8m}\n"
+	prof := write(t, dir, "verify.yaml", withVerify)
+	rc, out, errs := runCmd(func(ctx context.Context, args []string, o, e *bytes.Buffer) int { return Sign(ctx, args, o, e) }, "-key", keyPath, "-manifest", prof)
+	if rc != ExitOK || !strings.Contains(out, "\n  verify: |\n") {
+		t.Fatalf("kpssh sign (default phases): rc %d, stderr %q, out:\n%s", rc, errs, out)
+	}
+	full := withVerify + "  " + strings.ReplaceAll(strings.TrimSuffix(out, "\n"), "\n", "\n  ") + "\n"
+	p := &v1beta1.SSHJoinProfile{}
+	if err := yaml.UnmarshalStrict([]byte(full), p); err != nil {
+		t.Fatal(err)
+	}
+	h := &v1beta1.SSHHost{Spec: v1beta1.SSHHostSpec{ExecMode: v1beta1.ExecModeVerified, TrustedSigners: []v1beta1.TrustedSigner{v1beta1.TrustedSigner(strings.TrimSpace(string(pub)))}}}
+	src, err := profile.VerifiedSource(p, engine.PhaseVerify, h)
+	if err == nil {
+		err = engine.VerifySignature(engine.PhaseVerify, src)
+	}
+	if err != nil || !strings.Contains(src.Script, "test -e /dev/kvm") {
+		t.Fatalf("signed verify: %v", err)
+	}
+	signed := write(t, dir, "signed.yaml", full)
+	if rc, _, errs := runCmd(validateCmd, signed); rc != ExitOK {
+		t.Fatalf("validate signed: rc %d: %s", rc, errs)
+	}
+	partial, err := sign(signOptions{keyFile: keyPath, profileFile: prof, manifest: true, notAfter: "24h", phases: "install,join,leave", now: time.Now().UTC()}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unsigned := write(t, dir, "unsigned-verify.yaml", withVerify+"  "+strings.ReplaceAll(strings.TrimSuffix(partial, "\n"), "\n", "\n  ")+"\n")
+	if rc, _, errs := runCmd(validateCmd, unsigned); rc != ExitInvalid || !strings.Contains(errs, "has no signatures.verify") {
+		t.Fatalf("validate with verify unsigned: rc %d, stderr %q", rc, errs)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
@@ -43,33 +44,37 @@ messages on stderr), 2 usage error (unreadable file, bad flags).
 flags:
 `
 
-// Validate is `kpssh validate`.
+// Validate is `kpssh validate` (args without the subcommand name).
 func Validate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := newSubcommand("kpssh validate", ValidateUsage, stderr)
-	fs := c.fs
-	classFile := fs.String("class", "", "SSHNodeClass manifest `file` (its vars are checked against the role's argument specs)")
-	hostFile := fs.String("host", "", "SSHHost manifest `file`: signatures are checked against its spec.trustedSigners")
+	return runSub(ctx, "validate", args, stdout, stderr)
+}
+
+func (d deps) validateCommand() *cobra.Command {
+	var classFile, hostFile string
 	var content multiFlag
+	c := d.command("validate", "PROFILE.yaml: the node class controller's checks on a profile (and --class) file, offline", ValidateUsage,
+		func(_ *cobra.Command, pos []string) error { return d.validate(pos, classFile, hostFile, content) })
+	fs := c.Flags()
+	fs.StringVar(&classFile, "class", "", "SSHNodeClass manifest `file` (its vars are checked against the role's argument specs)")
+	fs.StringVar(&hostFile, "host", "", "SSHHost manifest `file`: signatures are checked against its spec.trustedSigners")
 	fs.Var(&content, "content", "roles or collections `dir` searched after the shipped roles (repeatable)")
-	pos, code, done := c.parse(args)
-	if done {
-		return code
-	}
+	_ = c.MarkFlagDirname("content")
+	return c
+}
+
+func (d deps) validate(pos []string, classFile, hostFile string, content []string) error {
 	if len(pos) != 1 {
-		fmt.Fprintf(stderr, "kpssh validate: want PROFILE.yaml, got %d argument(s)\n", len(pos))
-		fs.Usage()
-		return ExitUsage
+		return withUsage("want PROFILE.yaml, got %d argument(s)", len(pos))
 	}
-	fail := c.fail
 	p, err := readObject[v1beta1.SSHJoinProfile](pos[0], "SSHJoinProfile")
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	var classes []*v1beta1.SSHNodeClass
-	if *classFile != "" {
-		all, err := readObjects[v1beta1.SSHNodeClass](*classFile, "SSHNodeClass")
+	if classFile != "" {
+		all, err := readObjects[v1beta1.SSHNodeClass](classFile, "SSHNodeClass")
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		var names []string
 		for _, nc := range all {
@@ -79,38 +84,40 @@ func Validate(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			}
 		}
 		if len(classes) == 0 {
-			fmt.Fprintf(stderr, "kpssh validate: no SSHNodeClass in %s references SSHJoinProfile %s (joinProfileRef: %s)\n", *classFile, p.Name, strings.Join(names, ", "))
-			return ExitInvalid
+			return &exitError{code: ExitInvalid, err: fmt.Errorf("no SSHNodeClass in %s references SSHJoinProfile %s (joinProfileRef: %s)", classFile, p.Name, strings.Join(names, ", "))}
 		}
 	}
 	var host *v1beta1.SSHHost
-	if *hostFile != "" {
-		if host, err = readObject[v1beta1.SSHHost](*hostFile, "SSHHost"); err != nil {
-			return fail(err)
+	if hostFile != "" {
+		if host, err = readObject[v1beta1.SSHHost](hostFile, "SSHHost"); err != nil {
+			return err
 		}
 	}
 	runBase, err := os.MkdirTemp("", "kpssh-validate-")
 	if err != nil {
-		return fail(runtimeErr("%v", err))
+		return runtimeErr("%v", err)
 	}
 	defer os.RemoveAll(runBase)
 	roles, err := newContentRoles(content, runBase)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	res := ValidateFiles(p, classes, host, roles)
+	if a := p.Spec.Ansible; roles.noAnsible && a != nil && strings.TrimSpace(a.Role) != "" {
+		res.Lines = append(res.Lines, fmt.Sprintf("SSHJoinProfile %s: note: ansible's own load of role %s (ansible-playbook --syntax-check, which the controller runs on operator roles) not run: ansible-playbook is not on PATH", p.Name, a.Role))
+	}
 	for _, l := range res.Lines {
-		fmt.Fprintf(stderr, "kpssh validate: %s\n", l)
+		fmt.Fprintf(d.stderr, "kpssh validate: %s\n", l)
 	}
 	if !res.OK {
-		return ExitInvalid
+		return exitSilently(ExitInvalid)
 	}
 	what := "SSHJoinProfile " + p.Name
 	for _, nc := range classes {
 		what += ", SSHNodeClass " + nc.Name
 	}
-	fmt.Fprintf(stdout, "%s: valid\n", what)
-	return ExitOK
+	fmt.Fprintf(d.stdout, "%s: valid\n", what)
+	return nil
 }
 
 // ValidateResult is what ValidateFiles found: OK, and the lines to print

@@ -80,8 +80,13 @@ func TestValidateCommand(t *testing.T) {
 	write(t, content, "bad_leave/tasks/install.yml", "- ansible.builtin.meta: noop\n")
 	write(t, content, "bad_leave/tasks/join.yml", "- ansible.builtin.meta: noop\n")
 	write(t, content, "bad_leave/tasks/leave.yml", "- ansible.builtin.debug:\n    msg: \"{{ kpssh_vars.x }}\"\n")
+	// a role that is valid YAML but which ansible cannot load
+	write(t, content, "two_actions/tasks/install.yml", "- name: two\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n")
+	write(t, content, "two_actions/tasks/join.yml", "- ansible.builtin.meta: noop\n")
+	write(t, content, "two_actions/tasks/leave.yml", "- ansible.builtin.meta: noop\n")
 	prof := write(t, dir, "profile.yaml", roleProfileYAML)
 	class := write(t, dir, "class.yaml", classYAML)
+	twoActions := write(t, dir, "two-actions.yaml", strings.Replace(roleProfileYAML, "role: my_role", "role: two_actions", 1))
 	missing := write(t, dir, "missing.yaml", strings.Replace(classYAML, "greeting: hello", "other: x", 1))
 	badLeave := write(t, dir, "bad-leave.yaml", strings.Replace(roleProfileYAML, "role: my_role", "role: bad_leave", 1))
 	nowhere := write(t, dir, "nowhere.yaml", strings.Replace(roleProfileYAML, "role: my_role", "role: not_anywhere", 1))
@@ -111,6 +116,8 @@ func TestValidateCommand(t *testing.T) {
 		{name: "required var missing", args: []string{prof, "--class", missing, "--content", content}, rc: ExitInvalid,
 			err: "kpssh validate: SSHNodeClass mine: ProfileInvalid: join: role my_role, entry point join (meta/argument_specs.yml): required option my_role_greeting needs var greeting"},
 		{name: "role in no content source", args: []string{nowhere, "--content", content}, rc: ExitInvalid, err: "ProfileInvalid: install: role not_anywhere not found"},
+		{name: "ansible cannot load the role", args: []string{twoActions, "--content", content}, rc: ExitInvalid,
+			err: "ProfileInvalid: install: role two_actions: ansible cannot load it: conflicting action statements: ansible.builtin.command, ansible.builtin.shell (" + filepath.Join(content, "two_actions/tasks/install.yml") + ":1:3)"},
 		{name: "leave reads a var", args: []string{badLeave, "--content", content}, rc: ExitInvalid, err: "leave: role bad_leave tasks/leave.yml reference kpssh_vars"},
 		{name: "timeouts", args: []string{slow, "--content", content}, rc: ExitInvalid, err: "TimeoutsExceedRegistration: profile my-role: timeouts install 12m + join 5m = 17m"},
 		{name: "no class references the profile", args: []string{prof, "--class", noRef, "--content", content}, rc: ExitInvalid, err: "no SSHNodeClass in " + noRef + " references SSHJoinProfile my-role"},
@@ -131,6 +138,22 @@ func TestValidateCommand(t *testing.T) {
 				t.Fatalf("rc %d (want %d)\nstdout %q (want %q)\nstderr %q (want %q)", rc, tc.rc, out, tc.out, errs, tc.err)
 			}
 		})
+	}
+}
+
+// TestValidateWithoutAnsible: where ansible-playbook is not installed the
+// checks that need no ansible still run, and a note says which one did not.
+func TestValidateWithoutAnsible(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "two_actions/tasks/install.yml", "- name: two\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n")
+	write(t, dir, "two_actions/tasks/join.yml", "- ansible.builtin.meta: noop\n")
+	write(t, dir, "two_actions/tasks/leave.yml", "- ansible.builtin.meta: noop\n")
+	prof := write(t, dir, "p.yaml", strings.Replace(roleProfileYAML, "role: my_role", "role: two_actions", 1))
+	t.Setenv("PATH", t.TempDir())
+	rc, out, errs := runCmd(validateCmd, prof, "--content", dir)
+	if rc != ExitOK || !strings.Contains(out, "SSHJoinProfile my-role: valid") ||
+		!strings.Contains(errs, "SSHJoinProfile my-role: note: ansible's own load of role two_actions (ansible-playbook --syntax-check, which the controller runs on operator roles) not run: ansible-playbook is not on PATH") {
+		t.Fatalf("rc %d\nstdout %s\nstderr %s", rc, out, errs)
 	}
 }
 

@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/awslabs/operatorpkg/status"
-	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -224,7 +224,7 @@ func (c *CloudProvider) GetInstanceTypes(ctx context.Context, np *karpv1.NodePoo
 	if err != nil {
 		// A bad selector is reported on the node class (SelectorError); to
 		// Karpenter the pool simply has no types.
-		log.FromContext(ctx).Error(err, "building instance types", "nodeClass", nc.Name)
+		log.FromContext(ctx).Error(err, "building instance types", "SSHNodeClass", klog.KObj(nc))
 		return nil, nil
 	}
 	return its, nil
@@ -296,6 +296,9 @@ func (c *CloudProvider) IsDrifted(ctx context.Context, nodeClaim *karpv1.NodeCla
 	return Drifted(h, p, nc, nodeClaim.Annotations), nil
 }
 
-func logFor(ctx context.Context, nodeClaim *karpv1.NodeClaim) logr.Logger {
-	return log.FromContext(ctx).WithValues("NodeClaim", nodeClaim.Name)
+// withHost puts the host a NodeClaim holds on ctx's logger, as Karpenter
+// puts its objects there ("SSHHost": {name, namespace}). The NodeClaim is
+// there already: Karpenter's controller that calls the provider put it.
+func withHost(ctx context.Context, h *v1beta1.SSHHost) context.Context {
+	return log.IntoContext(ctx, log.FromContext(ctx).WithValues("SSHHost", klog.KObj(h)))
 }

@@ -98,6 +98,17 @@ func (f *fakePhases) phases() []engine.Phase {
 	return out
 }
 
+// runs counts the runs of phase ph.
+func (w *world) runs(ph engine.Phase) int {
+	n := 0
+	for _, p := range w.ph.phases() {
+		if p == ph {
+			n++
+		}
+	}
+	return n
+}
+
 type fakeTokens struct {
 	mu      sync.Mutex
 	n       int

@@ -10,7 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 	"sigs.k8s.io/karpenter/pkg/scheduling"
@@ -79,6 +81,7 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	}
 	unlock := c.lock(h.Name)
 	defer unlock()
+	ctx = withHost(ctx, h)
 	if resumed {
 		// A claim ClaimOne could not give back (its pool read or the
 		// release failed) is not launched if another host of the machine
@@ -112,7 +115,7 @@ func (c *CloudProvider) claim(ctx context.Context, nodeClaim *karpv1.NodeClaim, 
 		if c.claimed != nil {
 			c.claimed(nodeClaim.Name)
 		}
-		logFor(ctx, nodeClaim).Info("claimed host", "host", h.Name, "class", it.Name)
+		log.FromContext(ctx).Info("claimed host", "SSHHost", klog.KObj(h), "class", it.Name)
 		return h, it, nil
 	}
 	return nil, nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("no free host in host classes %s", names(compatible)))
@@ -252,7 +255,7 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	}); err != nil {
 		return nil, c.lost(ctx, nodeClaim, err)
 	}
-	logFor(ctx, nodeClaim).Info("host joined", "host", h.Name, "providerID", providerID)
+	log.FromContext(ctx).Info("host joined", "providerID", providerID)
 	return c.hydrate(nodeClaim, h, it, nc), nil
 }
 
@@ -265,13 +268,13 @@ func secretValues(m map[string]string) []string {
 }
 
 // NodeLabels is KPSSH_NODE_LABELS: the NodeClaim's labels plus the instance
-// type's single-valued ones and the host class, as `k=v,…` sorted, minus
-// what a kubelet may not set on itself (kubernetes.io/k8s.io labels outside
-// the kubelet's allowed set make kubelet refuse to start; Karpenter syncs
-// those onto the Node) and minus v1beta1.LabelHost (JoinContext adds it in
-// Adopt mode). The launched NodeClaim carries every label given here
-// (hydrate), so the drift check, which computes them again from it, passes
-// the kubelet what the join passed.
+// type's single-valued ones (it may be nil) and the host class, as `k=v,…`
+// sorted, minus what a kubelet may not set on itself (kubernetes.io/k8s.io
+// labels outside the kubelet's allowed set make kubelet refuse to start;
+// Karpenter syncs those onto the Node) and minus v1beta1.LabelHost
+// (JoinContext adds it in Adopt mode). The launched NodeClaim carries every
+// label given here (hydrate), so the drift check, which computes them again
+// from it, passes the kubelet what the join passed.
 func NodeLabels(nodeClaim *karpv1.NodeClaim, it *cloudprovider.InstanceType, class string) string {
 	labels := map[string]string{}
 	for k, v := range singleValued(it) {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
@@ -18,7 +20,8 @@ import (
 
 // Delete implements cloudprovider.CloudProvider: run leave with the profile
 // named by the host's install marker (empty context), delete the token,
-// release the host (Available after a clean leave, Unhealthy otherwise).
+// release the host (Available after a clean leave, Unhealthy otherwise, or
+// after a failed verify).
 // Fenced: only the host whose claimRef carries this NodeClaim's name AND
 // UID is touched; anything else is NodeClaimNotFound with no side effects,
 // so a late Delete never runs leave on a successor's node.
@@ -39,6 +42,7 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	} else if h == nil {
 		return cloudprovider.NewNodeClaimNotFoundError(fmt.Errorf("no host is claimed by NodeClaim %s (uid %s)", nodeClaim.Name, nodeClaim.UID))
 	}
+	ctx = withHost(ctx, h)
 
 	state, msg := v1beta1.HostAvailable, "released by NodeClaim "+nodeClaim.Name
 	var lastPhase *v1beta1.LastPhase
@@ -59,6 +63,11 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 			return err // core retries; leave is idempotent
 		}
 	}
+	if v := h.VerifyOf(claim.UID); v != nil && v.Result == v1beta1.VerifyFailed && state == v1beta1.HostAvailable {
+		// The claim ended on a failed verify: leave ran, but what verify
+		// found is still on the host, and lastPhase keeps the failed task.
+		state, msg, lastPhase = v1beta1.HostUnhealthy, "verify failed under NodeClaim "+nodeClaim.Name+" (leave ran): "+v.Message, nil
+	}
 	if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil {
 		return err
 	}
@@ -74,7 +83,7 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		}
 		return fmt.Errorf("release host %s: %w", h.Name, err) // core retries
 	}
-	logFor(ctx, nodeClaim).Info("host left", "host", h.Name, "state", state)
+	log.FromContext(ctx).Info("host left", "state", state)
 	return nil
 }
 
@@ -90,10 +99,10 @@ func (c *CloudProvider) deleteLeftNode(ctx context.Context, nodeClaim *karpv1.No
 		return err
 	}
 	if node != "" {
-		logFor(ctx, nodeClaim).Info("deleted the Node left by the claim", "host", h.Name, "Node", node)
+		log.FromContext(ctx).Info("deleted the Node left by the claim", "Node", klog.KRef("", node))
 	}
 	if err := m.Err(h); err != nil {
-		logFor(ctx, nodeClaim).Info("no Node deleted: several are tied to the host", "host", h.Name, "nodes", m.Several)
+		log.FromContext(ctx).Info("no Node deleted: several are tied to the host", "nodes", m.Several)
 		c.Recorder.Publish(leave.AmbiguousNodes(h, m))
 	}
 	return nil

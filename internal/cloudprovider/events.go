@@ -20,6 +20,9 @@ const (
 	ReasonAdoptFailed = "AdoptFailed"
 	// ReasonCreateFailed: anything else (token, lost claim, class gone).
 	ReasonCreateFailed = "CreateFailed"
+	// ReasonVerifyFailed: the joined host failed the profile's verify
+	// phase; the NodeClaim is deleted before it registers.
+	ReasonVerifyFailed = "VerifyFailed"
 )
 
 func nodeClaimFailed(nc *karpv1.NodeClaim, reason, msg string) events.Event {

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
@@ -67,7 +68,7 @@ func (f failure) refusedBy(out phase.Outcome, ph engine.Phase, h *v1beta1.SSHHos
 // a CreateError, so the NodeClaim shows why and Karpenter retries — on
 // another host, since this one is no longer held.
 func (c *CloudProvider) fail(ctx context.Context, nodeClaim *karpv1.NodeClaim, h *v1beta1.SSHHost, claim pool.Claim, f failure) error {
-	logFor(ctx, nodeClaim).Info("launch failed; releasing host", "host", h.Name, "releaseTo", f.state, "reason", f.event, "message", f.msg)
+	log.FromContext(ctx).Info("launch failed; releasing host", "releaseTo", f.state, "reason", f.event, "message", f.msg)
 	c.Recorder.Publish(nodeClaimFailed(nodeClaim, f.event, fmt.Sprintf("host %s: %s", h.Name, f.msg)))
 	var errs []error
 	// Token first: the release clears the id that makes it findable.

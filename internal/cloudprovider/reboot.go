@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
@@ -46,6 +47,7 @@ func (c *CloudProvider) Reboot(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	} else if h == nil {
 		return notFound()
 	}
+	ctx = withHost(ctx, h)
 	if r := h.Status.Reboot; r != nil && r.OperationID == operationID && r.ClaimUID == nodeClaim.UID {
 		return c.replayed(ctx, nodeClaim, h, r)
 	}
@@ -112,11 +114,11 @@ func (c *CloudProvider) rebootDone(ctx context.Context, nodeClaim *karpv1.NodeCl
 	if err != nil {
 		// The reboot is under way; the record stays Requested, which the
 		// host controller watches the same way.
-		logFor(ctx, nodeClaim).Error(err, "recording an issued reboot", "host", h.Name)
+		log.FromContext(ctx).Error(err, "recording an issued reboot")
 	}
 	rebootsTotal.WithLabelValues(RebootIssuedLabel).Inc()
 	c.Recorder.Publish(rebootIssued(nodeClaim, h, rec.OperationID))
-	logFor(ctx, nodeClaim).Info("reboot issued", "host", h.Name, "operationID", rec.OperationID)
+	log.FromContext(ctx).Info("reboot issued", "operationID", rec.OperationID)
 	return nil
 }
 
@@ -124,7 +126,7 @@ func (c *CloudProvider) rebootDone(ctx context.Context, nodeClaim *karpv1.NodeCl
 // for a failed one, accepted for anything else. Nothing runs.
 func (c *CloudProvider) replayed(ctx context.Context, nodeClaim *karpv1.NodeClaim, h *v1beta1.SSHHost, r *v1beta1.HostReboot) error {
 	rebootsTotal.WithLabelValues(RebootReplayed).Inc()
-	logFor(ctx, nodeClaim).Info("reboot already recorded; not rebooting again", "host", h.Name, "operationID", r.OperationID, "result", r.Result)
+	log.FromContext(ctx).Info("reboot already recorded; not rebooting again", "operationID", r.OperationID, "result", r.Result)
 	if r.Result == v1beta1.RebootFailed {
 		return cloudprovider.NewNodeRebootFailedError(fmt.Errorf("host %s: %s", h.Name, r.Message))
 	}

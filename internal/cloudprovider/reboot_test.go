@@ -25,15 +25,7 @@ func rebootClaim() *karpv1.NodeClaim {
 	})
 }
 
-func (w *world) reboots() int {
-	n := 0
-	for _, ph := range w.ph.phases() {
-		if ph == engine.PhaseReboot {
-			n++
-		}
-	}
-	return n
-}
+func (w *world) reboots() int { return w.runs(engine.PhaseReboot) }
 
 func TestRebootRunsOncePerOperation(t *testing.T) {
 	ctx := context.Background()

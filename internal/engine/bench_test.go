@@ -299,16 +299,7 @@ func BenchmarkTaskOverhead(b *testing.B) {
 		}})
 	}
 	load0 := loadavg()
-	med, line, rounds := benchRounds(b, variants, func() {
-		for _, e := range engines {
-			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-			err := e.waitWarm(wctx)
-			cancel()
-			if err != nil {
-				b.Fatalf("warm runner: %v", err)
-			}
-		}
-	})
+	med, line, rounds := benchRounds(b, variants, func() { quietEngines(b, engines) })
 	perTask := func(prefix string) float64 { return (med[prefix+"-30"] - med[prefix+"-1"]) / 29 }
 	role, mito, raw := perTask("role"), perTask("mitogen"), perTask("ssh")
 	b.ReportMetric(role, "ms/task-role")
@@ -323,4 +314,84 @@ func BenchmarkTaskOverhead(b *testing.B) {
 	b.Logf("fixed cost of a 1-task role: %.0f ms (mitogen %.0f ms) vs %.0f ms over raw SSH; mitogen pays off from %.0f tasks",
 		med["role-1"], med["mitogen-1"], med["ssh-1"], (med["mitogen-1"]-med["role-1"])/max(role-mito, 1e-3)+1)
 	b.Logf("loadavg before: %s; after: %s", load0, loadavg())
+}
+
+// BenchmarkPrebuild: what the idle runner's module payloads built ahead
+// (PREBUILD in the runner) save a role phase that runs three distinct
+// modules, as the shipped join does (dklesev.kpssh.host_state, stat,
+// command); baseline: the same engine with runners that build nothing
+// ahead, same host, same run, random order.
+func BenchmarkPrebuild(b *testing.B) {
+	w := upWorld(b, 1)
+	coll, err := FindCollectionsPath()
+	if err != nil {
+		b.Fatal(err)
+	}
+	roles := b.TempDir()
+	dir := roles + "/kpssh_bench_modules/tasks"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	tasks := `---
+- name: Probe
+  dklesev.kpssh.host_state:
+    units: [kubelet]
+- name: Stat
+  ansible.builtin.stat:
+    path: /etc/hostname
+- name: Command
+  ansible.builtin.command: /bin/true
+  changed_when: false
+`
+	if err := os.WriteFile(dir+"/join.yml", []byte(tasks), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	engines := map[string]*Local{}
+	for name, noPrebuild := range map[string]bool{"prebuilt": false, "no-prebuild": true} {
+		e, err := New(Options{AnsiblePlaybook: playbookBin(b), CollectionsPath: coll, RolesPath: []string{roles}, noPrebuild: noPrebuild})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = e.Close() })
+		engines[name] = e
+	}
+	ctx := context.Background()
+	h := w.Host(0)
+	req := Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Role: "kpssh_bench_modules"}, Context: joinContext(h), Timeout: 5 * time.Minute}
+	var variants []benchVariant
+	for name, e := range engines {
+		variants = append(variants, benchVariant{name, func() error {
+			if r := e.Run(ctx, req); r.Outcome != Succeeded {
+				return fmt.Errorf("%s: %+v", name, r)
+			}
+			return nil
+		}})
+	}
+	load0 := loadavg()
+	med, line, rounds := benchRounds(b, variants, func() { quietEngines(b, engines) })
+	b.ReportMetric(med["prebuilt"], "ms/prebuilt")
+	b.ReportMetric(med["no-prebuild"], "ms/no-prebuild")
+	b.ReportMetric(med["no-prebuild"]-med["prebuilt"], "ms-saved")
+	b.ReportMetric(0, "ns/op")
+	b.Logf("medians of %d samples (ms):%s", rounds, line)
+	b.Logf("a 3-module role phase: %.0f ms with payloads built ahead vs %.0f ms without (%.0f ms saved, ratio %.2f)",
+		med["prebuilt"], med["no-prebuild"], med["no-prebuild"]-med["prebuilt"], med["prebuilt"]/med["no-prebuild"])
+	b.Logf("loadavg before: %s; after: %s", load0, loadavg())
+}
+
+// quietEngines waits until every engine's warm runner is ready and, where
+// it builds payloads ahead, has built them all: a round starts from idle
+// runners, as a controller's phases do when they are minutes apart.
+func quietEngines(b *testing.B, engines map[string]*Local) {
+	for name, e := range engines {
+		wctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		err := e.waitWarm(wctx)
+		cancel()
+		if err != nil {
+			b.Fatalf("%s: warm runner: %v", name, err)
+		}
+		if !e.opts.noPrebuild {
+			waitPrebuilt(b, e.warmDirs()[0], 2*time.Minute)
+		}
+	}
 }

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -9,7 +11,11 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -145,18 +151,22 @@ func resolveFQCN(roots []string, ns, coll, name, role string) (dir string, shado
 // checkRoleFiles reads every YAML file of the role (tasks, handlers,
 // defaults, vars, meta, …) and reports the first that is unreadable or not
 // valid YAML, by its path: ansible would fail on it only when the phase
-// runs on a host.
-func checkRoleFiles(role, dir string) error {
+// runs on a host. It returns a fingerprint of the files (paths and
+// contents): the key of the role's ansible verdict.
+func checkRoleFiles(role, dir string) (fingerprint string, err error) {
 	var files []string
 	if err := roleYAMLFiles(role, dir, 0, &files); err != nil {
-		return err
+		return "", err
 	}
 	sort.Strings(files)
+	h := sha256.New()
 	for _, f := range files {
 		data, err := readBoundedFile(f, maxRoleFileSize)
 		if err != nil {
-			return fmt.Errorf("role %s: %w", role, err)
+			return "", fmt.Errorf("role %s: %w", role, err)
 		}
+		fmt.Fprintf(h, "%s\x00%d\x00", f, len(data))
+		h.Write(data)
 		dec := yaml.NewDecoder(strings.NewReader(string(data)))
 		for {
 			var n yaml.Node
@@ -164,11 +174,11 @@ func checkRoleFiles(role, dir string) error {
 				if errors.Is(err, io.EOF) {
 					break
 				}
-				return fmt.Errorf("role %s: %s is not valid YAML: %v", role, f, strings.TrimPrefix(err.Error(), "yaml: "))
+				return "", fmt.Errorf("role %s: %s is not valid YAML: %v", role, f, strings.TrimPrefix(err.Error(), "yaml: "))
 			}
 		}
 	}
-	return nil
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // roleYAMLFiles collects the YAML files under dir. Symlinks are followed
@@ -234,4 +244,208 @@ func cause(err error) error {
 		return pe.Err
 	}
 	return err
+}
+
+// Ansible's own load of a role: ansible-playbook --syntax-check of the play
+// a run renders (same ansible.cfg, roles and collections paths, sandbox),
+// importing each phase file the controller may run (install, join, leave,
+// reboot) in one go. It finds what the YAML check cannot: two actions in
+// one task, a module or a dependency role that exists nowhere, an import of
+// a missing file, a broken handler — which a run would report only as a
+// ConfigError at each claim. A verdict is kept per role and fingerprint of
+// its files for syntaxCacheTTL, so an unchanged role costs one run (~1 s of
+// CPU) per TTL, and what lies outside the role (a dependency role, a
+// collection's modules) is re-read at most that late.
+const (
+	syntaxCheckTimeout = 2 * time.Minute
+	syntaxCacheTTL     = 10 * time.Minute
+	// maxSyntaxMessage bounds ansible's message in the error (conditions
+	// hold 1 KiB).
+	maxSyntaxMessage = 640
+)
+
+// syntaxPhases are the phases whose files the check imports.
+var syntaxPhases = []Phase{PhaseInstall, PhaseJoin, PhaseLeave, PhaseReboot}
+
+// shippedRole reports whether dir is a role of the project's collection
+// (in a checkout, its roles/ symlink leads to the repo's roles/): those are
+// checked where the image is built (molecule, ansible-lint), not at every
+// start of every controller.
+func (l *Local) shippedRole(dir string) bool {
+	roots := []string{filepath.Join(l.opts.CollectionsPath, collectionRolesDir)}
+	if r, err := filepath.EvalSymlinks(roots[0]); err == nil {
+		roots = append(roots, r)
+	}
+	for _, r := range roots {
+		if filepath.Dir(dir) == r {
+			return true
+		}
+	}
+	return false
+}
+
+// syntaxCache holds ValidateRole's ansible verdicts.
+type syntaxCache struct {
+	mu       sync.Mutex
+	verdicts map[string]syntaxVerdict
+	runs     atomic.Int64 // ansible-playbook --syntax-check runs (tests)
+}
+
+type syntaxVerdict struct {
+	err error
+	at  time.Time
+}
+
+// roleSyntax is the cached verdict of ansible on the role in dir.
+func (l *Local) roleSyntax(role, dir, fingerprint string) error {
+	key := role + "\x00" + dir + "\x00" + fingerprint
+	c := &l.syntax
+	c.mu.Lock()
+	v, ok := c.verdicts[key]
+	c.mu.Unlock()
+	if ok && time.Since(v.at) < syntaxCacheTTL {
+		return v.err
+	}
+	err, verdict := l.syntaxCheck(role, dir)
+	if !verdict {
+		return nil // not ansible's verdict (timeout, no launcher): the run will tell
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	for k, v := range c.verdicts {
+		if now.Sub(v.at) >= syntaxCacheTTL {
+			delete(c.verdicts, k)
+		}
+	}
+	if c.verdicts == nil {
+		c.verdicts = map[string]syntaxVerdict{}
+	}
+	c.verdicts[key] = syntaxVerdict{err: err, at: now}
+	return err
+}
+
+// syntaxCheck runs ansible-playbook --syntax-check on the role's phases in a
+// run directory of its own (no key, no secrets: the inventory names a
+// documentation address that is never contacted). verdict is false when
+// ansible gave none (it could not start, timed out or was killed).
+func (l *Local) syntaxCheck(role, roleDir string) (err error, verdict bool) {
+	var phases []Phase
+	for _, ph := range syntaxPhases {
+		if _, err := os.Stat(filepath.Join(roleDir, "tasks", string(ph)+".yml")); err == nil {
+			phases = append(phases, ph)
+		}
+	}
+	// No ansible to ask (an engine not made by New: tests of the checks
+	// before it): no verdict, the run will tell.
+	if len(phases) == 0 || l.opts.AnsiblePlaybook == "" || len(l.interp) == 0 {
+		return nil, false
+	}
+	l.syntax.runs.Add(1)
+	dir, err := newRunDir(l.opts.RunDirBase)
+	if err != nil {
+		return nil, false
+	}
+	defer func() {
+		_ = dir.remove()
+		if l.opts.onDone != nil {
+			l.opts.onDone(dir.path)
+		}
+	}()
+	rc := l.renderConfig(dir.path, syntaxCheckTimeout)
+	req := Request{Phase: phases[0], Source: Source{Role: role}, Conn: Connection{Address: "192.0.2.1", Port: 22, User: "root"}}
+	ctx := phaseContext(req.Phase, Context{HostAddress: "192.0.2.1", NodeAddress: "192.0.2.1"})
+	vars, err := varsFile(req.Phase, ctx)
+	if err != nil {
+		return nil, false
+	}
+	// the first phase's play as a run renders it, the others' imports after
+	play := ansiblePlaybook(req, ctx, rc, kindRole)
+	for _, ph := range phases[1:] {
+		play += fmt.Sprintf("    - ansible.builtin.import_role:\n        name: %s\n        tasks_from: %s\n", yq(role), yq(string(ph)))
+	}
+	for _, f := range []struct{ name, data string }{
+		{fileConfig, ansibleConfig(rc)}, {fileInventory, inventory(req.Conn, rc)}, {fileVars, vars}, {filePlaybook, play},
+	} {
+		if err := dir.write(f.name, []byte(f.data)); err != nil {
+			return nil, false
+		}
+	}
+	args := []string{"--syntax-check", "-i", dir.join(fileInventory), "-e", "@" + dir.join(fileVars), dir.join(filePlaybook)}
+	launch, err := launchRequest(args, req.Conn)
+	if err != nil {
+		return nil, false
+	}
+	p, err := l.startCold(args, launch, dir, nil)
+	if err != nil {
+		return nil, false
+	}
+	if l.opts.onStart != nil {
+		l.opts.onStart(p.cmd.Process.Pid, dir.path)
+	}
+	timer := time.NewTimer(syntaxCheckTimeout)
+	defer timer.Stop()
+	timedOut := false
+	select {
+	case <-p.exited:
+	case <-timer.C:
+		timedOut = true
+	}
+	// nothing of a syntax check outlives it
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	_ = p.cmd.Wait()
+	p.ew.Close()
+	if timedOut {
+		return nil, false
+	}
+	if p.cmd.ProcessState.ExitCode() == 0 {
+		return nil, true
+	}
+	msg := syntaxMessage(strings.ReplaceAll(p.errTail.String(), dir.path, "<run>"), roleDir)
+	if msg == "" {
+		return nil, false // no message of ansible's: the sandbox, a crash
+	}
+	return fmt.Errorf("role %s: ansible cannot load it: %s", role, msg), true
+}
+
+// syntaxMessage is ansible's error on one line: ansible-core ≥ 2.19's
+// "[ERROR]: what" and "Origin: file:line:col" (shown in parentheses; without
+// one, the role directory being loaded), or an older "ERROR! what … The
+// error appears to be in 'file': line …". Empty when stderr holds no
+// ansible error.
+func syntaxMessage(stderr, loading string) string {
+	var msg, origin string
+	if i := strings.Index(stderr, "[ERROR]: "); i >= 0 {
+		rest := stderr[i+len("[ERROR]: "):]
+		for n, line := range strings.Split(rest, "\n") {
+			if strings.HasPrefix(line, "Origin: ") {
+				origin = strings.Join(strings.Fields(strings.TrimPrefix(line, "Origin: ")), " ")
+				break
+			}
+			if n > 0 && strings.TrimSpace(line) == "" {
+				break
+			}
+			msg += " " + line
+		}
+	} else if i := strings.Index(stderr, "ERROR! "); i >= 0 {
+		msg = stderr[i+len("ERROR! "):]
+	}
+	msg = strings.Join(strings.Fields(msg), " ")
+	if msg == "" {
+		return ""
+	}
+	switch {
+	case origin != "":
+		msg += " (" + origin + ")"
+	case !strings.Contains(msg, "The error appears to be in"):
+		msg += " (while loading " + loading + ")"
+	}
+	if len(msg) > maxSyntaxMessage {
+		n := maxSyntaxMessage
+		for n > 0 && !utf8.RuneStart(msg[n]) {
+			n--
+		}
+		msg = msg[:n] + "…"
+	}
+	return msg
 }

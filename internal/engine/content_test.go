@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // writeTree writes files (path relative to root → content) under root.
@@ -217,4 +218,176 @@ func TestContentRolesRun(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestValidateRoleAnsibleSyntax: a role whose files are valid YAML but which
+// ansible cannot load — two actions in one task, a module that exists
+// nowhere, a dependency on a role that does not, an import of a missing
+// file, a broken handler — is refused by ValidateRole with ansible's own
+// message naming the file and line (ansible-playbook --syntax-check of the
+// play a run renders), before any host: the node class condition. The
+// verdict is cached until a file of the role changes.
+func TestValidateRoleAnsibleSyntax(t *testing.T) {
+	e, roles, _, _ := contentEngine(t)
+	cases := []struct {
+		role  string
+		files map[string]string
+		phase Phase
+		want  []string
+	}{
+		{"two_actions", map[string]string{"tasks/join.yml": "- name: two\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n"},
+			PhaseJoin, []string{"conflicting action statements: ansible.builtin.command, ansible.builtin.shell", "two_actions/tasks/join.yml:1:3"}},
+		{"no_module", map[string]string{"tasks/install.yml": "- name: nowhere\n  acme.nothing.frobnicate:\n    x: 1\n"},
+			PhaseInstall, []string{"couldn't resolve module/action 'acme.nothing.frobnicate'", "no_module/tasks/install.yml:1:3"}},
+		{"missing_dep", map[string]string{"meta/main.yml": "dependencies:\n  - role: not_there\n"},
+			PhaseJoin, []string{"the role 'not_there' was not found", "missing_dep/meta/main.yml:2"}},
+		{"bad_import", map[string]string{"tasks/join.yml": "- name: steps\n  ansible.builtin.import_tasks: steps.yml\n"},
+			PhaseJoin, []string{"steps.yml", "(while loading " + filepath.Join(roles, "bad_import") + ")"}},
+		{"bad_handler", map[string]string{"handlers/main.yml": "- name: restart\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n"},
+			PhaseLeave, []string{"conflicting action statements", "bad_handler/handlers/main.yml:1:3"}},
+	}
+	for _, c := range cases {
+		t.Run(c.role, func(t *testing.T) {
+			writeTree(t, roles, prefix(c.role+"/", contentRole(c.role)))
+			writeTree(t, roles, prefix(c.role+"/", c.files))
+			err := e.ValidateRole(c.role, c.phase)
+			mustErr(t, err, append([]string{"role " + c.role + ": ansible cannot load it: "}, c.want...)...)
+			t.Logf("%v", err)
+			if err != nil && strings.Contains(err.Error(), "kpssh-") {
+				t.Errorf("the message names the check's run directory: %v", err)
+			}
+		})
+	}
+
+	t.Run("cached until the role changes", func(t *testing.T) {
+		writeTree(t, roles, prefix("cached/", contentRole("cached")))
+		n := e.syntax.runs.Load()
+		for i := 0; i < 3; i++ {
+			if err := e.ValidateRole("cached", PhaseJoin); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, ph := range []Phase{PhaseInstall, PhaseLeave} {
+			if err := e.ValidateRole("cached", ph); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := e.syntax.runs.Load() - n; got != 1 {
+			t.Errorf("5 validations of an unchanged role ran ansible %d times, want 1 (all phases at once)", got)
+		}
+		writeTree(t, roles, map[string]string{"cached/tasks/join.yml": "- name: two\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n"})
+		mustErr(t, e.ValidateRole("cached", PhaseJoin), "conflicting action statements")
+		writeTree(t, roles, prefix("cached/", contentRole("fixed")))
+		if err := e.ValidateRole("cached", PhaseJoin); err != nil {
+			t.Errorf("fixed role still refused: %v", err)
+		}
+		if got := e.syntax.runs.Load() - n; got != 3 {
+			t.Errorf("ansible ran %d times for 3 versions of the role, want 3", got)
+		}
+	})
+	t.Run("the shipped roles are not checked again", func(t *testing.T) {
+		n := e.syntax.runs.Load()
+		for _, r := range []string{"dklesev.kpssh.tls_bootstrap", "dklesev.kpssh.sbc"} {
+			if err := e.ValidateRole(r, PhaseJoin); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := e.syntax.runs.Load() - n; got != 0 {
+			t.Errorf("ansible ran %d times for the shipped role", got)
+		}
+	})
+}
+
+func TestSyntaxMessage(t *testing.T) {
+	const loading = "/r/x"
+	for _, c := range []struct{ stderr, want string }{
+		{"[WARNING]: noise\n[ERROR]: conflicting action statements: a, b\nOrigin: /r/x/tasks/join.yml:1:3\n\n1 - name: two\n    ^ column 3\n",
+			"conflicting action statements: a, b (/r/x/tasks/join.yml:1:3)"},
+		{"[ERROR]: Unable to retrieve file contents.\nCould not find 'steps.yml'\n", "Unable to retrieve file contents. Could not find 'steps.yml' (while loading " + loading + ")"},
+		{"ERROR! conflicting action statements\n\nThe error appears to be in '/r/x/tasks/join.yml': line 1, column 3\n",
+			"conflicting action statements The error appears to be in '/r/x/tasks/join.yml': line 1, column 3"},
+		{"kpssh sandbox: landlock refused\n", ""},
+		{"", ""},
+	} {
+		if got := syntaxMessage(c.stderr, loading); got != c.want {
+			t.Errorf("syntaxMessage(%q) = %q, want %q", c.stderr, got, c.want)
+		}
+	}
+	if got := syntaxMessage("[ERROR]: "+strings.Repeat("é", 1000), loading); len(got) > maxSyntaxMessage+len("…") || !utf8.ValidString(got) {
+		t.Errorf("long message: %d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
+	}
+}
+
+func FuzzSyntaxMessage(f *testing.F) {
+	f.Add("[ERROR]: x\nOrigin: /a:1:2\n")
+	f.Add("ERROR! y")
+	f.Fuzz(func(t *testing.T, s string) {
+		got := syntaxMessage(s, "/r/tasks/join.yml")
+		if len(got) > maxSyntaxMessage+len("…") {
+			t.Fatalf("%d bytes", len(got))
+		}
+		if strings.ContainsAny(got, "\n\r") {
+			t.Fatalf("more than one line: %q", got)
+		}
+	})
+}
+
+// TestBrokenContentOtherRolesRun: content that is broken in every way the
+// node class reports — an unreadable source (a symlink loop as a roles
+// directory, as a collections directory and inside ansible_collections),
+// a role with a YAML syntax error, a role ansible cannot load, a collection
+// whose meta/runtime.yml and galaxy.yml are not YAML, a second copy of the
+// project's collection — sits in the search paths while other profiles'
+// phases run on a real host: a good operator role's join (short name and
+// FQCN) and a script succeed. Only the broken roles' own runs fail.
+func TestBrokenContentOtherRolesRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real hosts: not in -short")
+	}
+	base := t.TempDir()
+	roles, coll := filepath.Join(base, "roles"), filepath.Join(base, "coll")
+	loop := filepath.Join(base, "loop")
+	if err := os.Symlink(loop, loop); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, roles, prefix("site_join/", contentRole("short")))
+	writeTree(t, roles, prefix("yaml_broken/", contentRole("x")))
+	writeTree(t, roles, map[string]string{"yaml_broken/defaults/main.yml": "a: [unclosed\n"})
+	writeTree(t, roles, prefix("ansible_broken/", contentRole("x")))
+	writeTree(t, roles, map[string]string{"ansible_broken/tasks/join.yml": "- name: two\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n"})
+	if err := os.Symlink(filepath.Join(roles, "loop_role"), filepath.Join(roles, "loop_role")); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, coll, prefix("ansible_collections/acme/site/roles/site_join/", contentRole("fqcn")))
+	writeTree(t, coll, map[string]string{
+		"ansible_collections/acme/bad/meta/runtime.yml": "requires_ansible: [unclosed\n",
+		"ansible_collections/acme/bad/galaxy.yml":       "namespace: [unclosed\n",
+		// a second copy of the project's collection: never loaded
+		"ansible_collections/dklesev/kpssh/meta/runtime.yml": "requires_ansible: [unclosed\n",
+	})
+	if err := os.Symlink(filepath.Join(coll, "ansible_collections", "loop"), filepath.Join(coll, "ansible_collections", "loop")); err != nil {
+		t.Fatal(err)
+	}
+	e := testEngine(t, func(o *Options) {
+		o.RolesPath = append(o.RolesPath, loop, roles)
+		o.ExtraCollectionsPaths = []string{loop, coll}
+	})
+	// what the node class would say of each broken one
+	mustErr(t, e.ValidateRole("yaml_broken", PhaseJoin), "content source "+loop+" is unreadable")
+	mustErr(t, e.ValidateRole("acme.bad.x", PhaseJoin), "content source "+loop+" is unreadable")
+
+	w := upWorld(t, 1)
+	for _, role := range []string{"site_join", "acme.site.site_join"} {
+		r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Role: role}, Context: joinContext(w.Host(0)), Timeout: 2 * time.Minute})
+		mustOutcome(t, r, Succeeded)
+	}
+	r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Script: "echo script > /var/lib/kpssh-content-script"},
+		Context: joinContext(w.Host(0)), Timeout: time.Minute})
+	mustOutcome(t, r, Succeeded)
+	if got := mustRun(t, w, 0, "cat /var/lib/kpssh-content-join /var/lib/kpssh-content-script"); got != "fqcn join\nscript" {
+		t.Errorf("markers %q", got)
+	}
+	// the broken roles' own runs fail before the host is touched
+	r = e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Role: "ansible_broken"}, Context: joinContext(w.Host(0)), Timeout: time.Minute})
+	mustOutcome(t, r, ConfigError)
 }

@@ -17,6 +17,7 @@ package engine
 import (
 	"context"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -31,6 +32,9 @@ const (
 	// PhaseReboot restarts a joined host in place; like leave it gets only
 	// the host's addresses.
 	PhaseReboot Phase = "reboot"
+	// PhaseVerify checks a joined host before its NodeClaim registers; it
+	// gets install's context (no bootstrap token).
+	PhaseVerify Phase = "verify"
 	// PhaseCheck is a script profile's drift check of a joined host
 	// (scripts.check): exit 0 in sync, 1 drifted. It gets install's
 	// context.
@@ -40,8 +44,25 @@ const (
 // Phases are all phases, in a join profile's order; lists over phases
 // (metric series, signatures, validation) range over it so a new phase
 // reaches every one.
-var Phases = []Phase{PhaseInstall, PhaseJoin, PhaseLeave, PhaseUninstall, PhaseReboot,
+var Phases = []Phase{
+	PhaseInstall, PhaseJoin, PhaseLeave, PhaseUninstall, PhaseReboot,
+	PhaseVerify,
 	PhaseCheck,
+}
+
+// PhaseNames lists the phases for messages: "install, join, …, verify".
+func PhaseNames() string {
+	var b strings.Builder
+	for i, p := range Phases {
+		switch {
+		case i == len(Phases)-1:
+			b.WriteString(" or ")
+		case i > 0:
+			b.WriteString(", ")
+		}
+		b.WriteString(string(p))
+	}
+	return b.String()
 }
 
 // Valid reports whether p is a known phase.
@@ -147,6 +168,10 @@ type Request struct {
 	// re-attaches instead of starting it twice. Opaque to the engine and
 	// not secret; empty means a fresh run every time. Local ignores it.
 	Key string
+	// Progress, when set, is told of each task as it starts and ends
+	// (redacted names and statuses only, never output): a long phase is
+	// not silent. Called from the run's output goroutine: it must not block.
+	Progress func(TaskProgress)
 }
 
 // Outcome is how a phase ended.

@@ -3,6 +3,8 @@ package engine
 import (
 	"bytes"
 	"encoding/json"
+	"sync/atomic"
+	"time"
 )
 
 // Event is one line of the kpssh_events stdout callback
@@ -140,12 +142,60 @@ const maxEventLine = 1 << 20
 
 // eventWriter is the ansible-playbook stdout sink: it splits lines, parses
 // events into a Summary and keeps nothing else. Written by one goroutine
-// (exec's copier); read after Wait.
+// (exec's copier); read after Wait. onEvent may be set while a warm runner
+// idles (its copier is running), hence atomic.
 type eventWriter struct {
 	sum      Summary
 	buf      []byte
 	skipping bool // inside an over-long line
-	onEvent  func(Event)
+	onEvent  atomic.Pointer[func(Event)]
+}
+
+// TaskProgress is a task of a running phase as it starts ("started") and
+// ends ("ok", "changed", "failed", "unreachable", "skipped", with how long
+// it took since it started). Task is redacted; no output or message is
+// ever carried (they may hold what redaction cannot know).
+type TaskProgress struct {
+	Task     string
+	Internal string // the engine's own tasks: "connect", "script", …
+	Status   string
+	Duration time.Duration
+}
+
+// progressTracker turns the event stream into TaskProgress calls. Only
+// the event goroutine uses it.
+type progressTracker struct {
+	cb    func(TaskProgress)
+	red   *Redactor
+	now   func() time.Time
+	start time.Time
+}
+
+func newProgress(cb func(TaskProgress), red *Redactor) func(Event) {
+	if cb == nil {
+		return nil
+	}
+	p := &progressTracker{cb: cb, red: red, now: time.Now}
+	return p.event
+}
+
+func (p *progressTracker) event(ev Event) {
+	tp := TaskProgress{Task: p.red.Redact(ev.Task), Internal: ev.Internal, Status: ev.Event}
+	switch ev.Event {
+	case "task":
+		p.start = p.now()
+		tp.Status = "started"
+	case "ok", "failed", "unreachable", "skipped":
+		if ev.Event == "ok" && ev.Changed {
+			tp.Status = "changed"
+		}
+		if !p.start.IsZero() {
+			tp.Duration = p.now().Sub(p.start)
+		}
+	default:
+		return
+	}
+	p.cb(tp)
 }
 
 func (w *eventWriter) Write(p []byte) (int, error) {
@@ -194,8 +244,8 @@ func (w *eventWriter) line(l []byte) {
 		return
 	}
 	w.sum.Add(ev)
-	if w.onEvent != nil {
-		w.onEvent(ev)
+	if f := w.onEvent.Load(); f != nil {
+		(*f)(ev)
 	}
 }
 
@@ -205,4 +255,13 @@ func ParseEvents(data []byte) Summary {
 	_, _ = w.Write(data)
 	w.Close()
 	return w.sum
+}
+
+// setOnEvent sets (nil: clears) the function every parsed event goes to.
+func (w *eventWriter) setOnEvent(f func(Event)) {
+	if f == nil {
+		w.onEvent.Store(nil)
+		return
+	}
+	w.onEvent.Store(&f)
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"reflect"
 	"testing"
+	"time"
 )
 
 // FuzzParseEvents: any byte stream, split anywhere, parses without panicking
@@ -58,4 +59,44 @@ func FuzzParseEvents(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The progress a phase reports: each task when it starts and when it ends,
+// with its duration; names redacted; nothing but task, status and time.
+func TestProgressTracker(t *testing.T) {
+	secret := "s3cr3t-canary-value"
+	var got []TaskProgress
+	tr := time.Unix(0, 0)
+	pt := &progressTracker{cb: func(p TaskProgress) { got = append(got, p) }, red: NewRedactor(secret), now: func() time.Time { return tr }}
+	for _, step := range []struct {
+		ev      Event
+		advance time.Duration
+	}{
+		{Event{Event: "start"}, 0},
+		{Event{Event: "play", Name: "p"}, 0},
+		{Event{Event: "task", Task: "write " + secret}, 0},
+		{Event{Event: "ok", Task: "write " + secret, Changed: true, Msg: secret}, 250 * time.Millisecond},
+		{Event{Event: "task", Task: "check", Internal: "connect"}, 0},
+		{Event{Event: "ok", Task: "check"}, 40 * time.Millisecond},
+		{Event{Event: "task", Task: "fail"}, 0},
+		{Event{Event: "failed", Task: "fail", Stderr: secret}, time.Second},
+		{Event{Event: "stats"}, 0},
+	} {
+		tr = tr.Add(step.advance)
+		pt.event(step.ev)
+	}
+	want := []TaskProgress{
+		{Task: "write " + Mask, Status: "started"},
+		{Task: "write " + Mask, Status: "changed", Duration: 250 * time.Millisecond},
+		{Task: "check", Internal: "connect", Status: "started"},
+		{Task: "check", Status: "ok", Duration: 40 * time.Millisecond},
+		{Task: "fail", Status: "started"},
+		{Task: "fail", Status: "failed", Duration: time.Second},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("progress:\n got %+v\nwant %+v", got, want)
+	}
+	if newProgress(nil, nil) != nil {
+		t.Fatal("no callback: the engine must not track progress")
+	}
 }

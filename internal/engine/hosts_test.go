@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -352,6 +353,34 @@ func mustRunnerAnsible(t *testing.T, r Result) {
 	}
 }
 
+// checkJoinProgress: kpssh_test_role's join reported each of its tasks as
+// it started and as it ended, with a duration within the run's.
+func checkJoinProgress(t *testing.T, got []TaskProgress, run time.Duration) {
+	t.Helper()
+	want := map[string]string{
+		"join records kpssh, kpssh_vars and kpssh_secrets": "ok changed", // unchanged on a second run
+		"join records its KPSSH_* environment":             "changed",
+	}
+	started := map[string]bool{}
+	for _, tp := range got {
+		tp.Task = strings.TrimPrefix(tp.Task, "kpssh_test_role : ") // ansible names a role's task so
+		if _, ok := want[tp.Task]; !ok {
+			continue
+		}
+		switch {
+		case tp.Status == "started":
+			started[tp.Task] = true
+		case !started[tp.Task] || !slices.Contains(strings.Fields(want[tp.Task]), tp.Status) || tp.Duration <= 0 || tp.Duration > run:
+			t.Errorf("progress %+v (started %v, want %s within %v)", tp, started[tp.Task], want[tp.Task], run)
+		default:
+			delete(want, tp.Task)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("no progress for %v in %+v", want, got)
+	}
+}
+
 func testRole(t *testing.T, w *world, e *Local) {
 	h := w.Host(0)
 	c := joinContext(h)
@@ -359,9 +388,17 @@ func testRole(t *testing.T, w *world, e *Local) {
 		if err := e.ValidateRole("kpssh_test_role", p); err != nil {
 			t.Fatalf("ValidateRole %s: %v", p, err)
 		}
-		r := e.Run(context.Background(), Request{Phase: p, Conn: w.conn(0), Source: Source{Role: "kpssh_test_role"}, Context: c, Timeout: time.Minute})
+		var mu sync.Mutex
+		var progress []TaskProgress
+		r := e.Run(context.Background(), Request{Phase: p, Conn: w.conn(0), Source: Source{Role: "kpssh_test_role"}, Context: c, Timeout: time.Minute,
+			Progress: func(tp TaskProgress) { mu.Lock(); progress = append(progress, tp); mu.Unlock() }})
 		mustOutcome(t, r, Succeeded)
 		mustRunnerAnsible(t, r)
+		if p == PhaseJoin {
+			mu.Lock()
+			checkJoinProgress(t, progress, r.Duration)
+			mu.Unlock()
+		}
 	}
 	var inst map[string]any
 	if err := json.Unmarshal([]byte(mustRun(t, w, 0, "cat /var/lib/kpssh-test-role/install.json")), &inst); err != nil {

@@ -10,19 +10,7 @@ import (
 // A role without tasks/reboot.yml gets the default reboot; one with it runs
 // its own; a Verified source or another phase is never replaced.
 func TestRebootSourceFallsBackForRolesWithoutReboot(t *testing.T) {
-	roles := t.TempDir()
-	for role, files := range map[string][]string{"plain": {"join.yml"}, "own": {"join.yml", "reboot.yml"}} {
-		for _, f := range files {
-			p := filepath.Join(roles, role, "tasks", f)
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(p, []byte("- ansible.builtin.command: systemctl reboot\n"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	l := &Local{opts: Options{RolesPath: []string{roles}}}
+	l := &Local{opts: Options{RolesPath: []string{taskFiles(t, map[string][]string{"plain": {"join.yml"}, "own": {"join.yml", "reboot.yml"}})}}}
 	for _, tc := range []struct {
 		name string
 		req  Request
@@ -41,6 +29,25 @@ func TestRebootSourceFallsBackForRolesWithoutReboot(t *testing.T) {
 	if err := l.ValidateRole("plain", PhaseReboot); err == nil || !strings.Contains(err.Error(), "has no tasks/reboot.yml") {
 		t.Errorf("ValidateRole: %v", err)
 	}
+}
+
+// taskFiles makes a roles directory: role → the tasks/ files it has (each a
+// one-task list).
+func taskFiles(t *testing.T, roles map[string][]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for role, files := range roles {
+		for _, f := range files {
+			p := filepath.Join(dir, role, "tasks", f)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, []byte("- ansible.builtin.command: /bin/true\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return dir
 }
 
 // reboot gets leave's empty context: no vars, secrets, token or cluster data.

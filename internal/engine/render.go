@@ -181,7 +181,7 @@ func connPort(c Connection) int32 {
 // bundle, for the run directory rc.dir. It never touches the filesystem.
 func build(req Request, rc renderConfig) (*bundle, error) {
 	if !req.Phase.Valid() {
-		return nil, fmt.Errorf("unknown phase %q (want install, join, leave, uninstall or reboot)", req.Phase)
+		return nil, fmt.Errorf("unknown phase %q (want %s)", req.Phase, PhaseNames())
 	}
 	if err := checkModeAllowed(req); err != nil {
 		return nil, err

@@ -61,6 +61,9 @@ type Options struct {
 	Path string
 	// NoRemoteTimeout disables the host-side timeout(1) around scripts.
 	NoRemoteTimeout bool
+	// NoRoleSyntaxCheck: ValidateRole does not run ansible-playbook
+	// --syntax-check (kpssh validate where ansible is not installed).
+	NoRoleSyntaxCheck bool
 	// MitogenStrategyPath, when set, is the directory of mitogen's strategy
 	// plugins (ansible_mitogen/plugins/strategy; in the runner image
 	// DefaultMitogenStrategyPath): role and task-list phases then run with
@@ -100,14 +103,18 @@ type Options struct {
 
 	// legacyConfig and separateConnect (benchmarks): see renderConfig;
 	// slowExit: warm runners exit through the interpreter's own shutdown;
-	// legacyCleanup: `ssh -O exit` before the master is signalled.
-	legacyConfig, separateConnect, slowExit, legacyCleanup bool
+	// legacyCleanup: `ssh -O exit` before the master is signalled;
+	// noPrebuild: warm runners build no module payloads ahead.
+	legacyConfig, separateConnect, slowExit, legacyCleanup, noPrebuild bool
 
 	// onStart (tests) is called with the ansible-playbook pid and the run
 	// directory right after the process started.
 	onStart func(pid int, dir string)
 	// onDone (tests) is called with the run directory after cleanup.
 	onDone func(dir string)
+	// afterHandOff (tests) is called with a warm runner's pid once it has
+	// its run's request.
+	afterHandOff func(pid int)
 }
 
 // Local runs phases as child processes of the calling process (executor
@@ -126,6 +133,7 @@ type Local struct {
 	// isolationErr: sandboxed, but the run directories are where every
 	// run may read (in /dev/shm)
 	isolationErr error
+	syntax       syntaxCache // ValidateRole's ansible verdicts (content.go)
 }
 
 var _ Engine = (*Local)(nil)
@@ -272,7 +280,13 @@ func (l *Local) Render(req Request, secretsMasked bool) (string, error) {
 // of the role parses, that it has tasks/<phase>.yml, and — for leave — that
 // the file is a task list using none of the values leave does not get.
 // Errors name the role, the searched paths or the offending file.
+// Last, for operator content, ansible loads the role's phases
+// (--syntax-check, cached; see roleSyntax) unless Options.NoRoleSyntaxCheck.
 func (l *Local) ValidateRole(role string, phase Phase) error {
+	return l.validateRole(role, phase, !l.opts.NoRoleSyntaxCheck)
+}
+
+func (l *Local) validateRole(role string, phase Phase, syntax bool) error {
 	if err := Validate(phase, Source{Role: role}); err != nil {
 		return err
 	}
@@ -284,7 +298,8 @@ func (l *Local) ValidateRole(role string, phase Phase) error {
 		return fmt.Errorf("role %s in %s has the name of the role in %s, which ansible loads instead: rename the later one (its collection or directory)",
 			role, strings.Join(shadowed, ", "), d)
 	}
-	if err := checkRoleFiles(role, d); err != nil {
+	fingerprint, err := checkRoleFiles(role, d)
+	if err != nil {
 		return err
 	}
 	f := filepath.Join(d, "tasks", string(phase)+".yml")
@@ -293,12 +308,16 @@ func (l *Local) ValidateRole(role string, phase Phase) error {
 		return &NoRolePhaseError{Role: role, Dir: d, Phase: phase}
 	}
 	if phase.AddressesOnly() {
-		return validateLeaveFile(phase, "role "+role+" tasks/"+string(phase)+".yml", data)
-	}
-	if err := ValidateTaskList(string(data)); err != nil {
+		if err := validateLeaveFile(phase, "role "+role+" tasks/"+string(phase)+".yml", data); err != nil {
+			return err
+		}
+	} else if err := ValidateTaskList(string(data)); err != nil {
 		return fmt.Errorf("role %s: %s: %w", role, f, err)
 	}
-	return nil
+	if !syntax || l.shippedRole(d) {
+		return nil
+	}
+	return l.roleSyntax(role, d, fingerprint)
 }
 
 // NoRolePhaseError: the role resolves but has no tasks/<phase>.yml.
@@ -317,16 +336,31 @@ func (e *NoRolePhaseError) Error() string {
 func (l *Local) rebootSource(req Request) Source {
 	var np *NoRolePhaseError
 	if req.Phase == PhaseReboot && req.Source.Verified == nil && strings.TrimSpace(req.Source.Role) != "" &&
-		errors.As(l.ValidateRole(req.Source.Role, PhaseReboot), &np) {
+		errors.As(l.validateRole(req.Source.Role, PhaseReboot, false), &np) {
 		return Source{Script: DefaultRebootScript}
 	}
 	return req.Source
+}
+
+// noVerify: verify is optional in a role too; a role without
+// tasks/verify.yml has nothing to check, and the run succeeds without
+// touching the host.
+func (l *Local) noVerify(req Request) (Result, bool) {
+	var np *NoRolePhaseError
+	if req.Phase == PhaseVerify && req.Source.Verified == nil && strings.TrimSpace(req.Source.Role) != "" &&
+		errors.As(l.ValidateRole(req.Source.Role, PhaseVerify), &np) {
+		return Result{Outcome: Succeeded, ExitCode: -1, Message: "nothing to verify: " + np.Error()}, true
+	}
+	return Result{}, false
 }
 
 // Run executes one phase and returns its redacted result. It never panics
 // on bad input and always removes its run directory and processes.
 func (l *Local) Run(ctx context.Context, req Request) Result {
 	start := time.Now()
+	if res, skip := l.noVerify(req); skip {
+		return res
+	}
 	req.Source = l.rebootSource(req)
 	red := redactorFor(req)
 	res := l.run(ctx, req, red)
@@ -426,10 +460,8 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 	var dir *runDir
 	if w != nil {
 		dir = w.dir
-	} else {
-		if dir, err = newRunDir(l.opts.RunDirBase); err != nil {
-			return configError(err)
-		}
+	} else if dir, err = newRunDir(l.opts.RunDirBase); err != nil {
+		return configError(err)
 	}
 	var pr *proc // the process of this run once it runs
 	defer func() {
@@ -444,24 +476,66 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 		// compete with this run for CPU otherwise)
 		l.refill()
 	}()
-	b, err := build(req, l.renderConfig(dir.path, timeout))
+	b, args, launchReq, err := l.prepare(req, dir, w, timeout)
 	if err != nil {
 		return configError(err)
+	}
+	f := facts{dir: dir.path, phase: req.Phase, timeout: timeout, connectInTask: (b.kind == kindScript && !l.opts.separateConnect) || b.kind == kindVerified}
+	progress := newProgress(req.Progress, red)
+	if w != nil {
+		// A runner still warming up reads the request when it is ready; one
+		// that failed to warm up never will: start cold instead.
+		select {
+		case <-w.ready:
+		case <-ctx.Done():
+			return Result{Outcome: TimedOut, ExitCode: -1, Message: "not started: " + ctx.Err().Error()}
+		case <-time.After(time.Until(deadline)): // garbage-collected once unreferenced (Go ≥ 1.23)
+			return Result{Outcome: TimedOut, ExitCode: -1, Message: fmt.Sprintf("not started: phase timed out after %s", timeout)}
+		}
+		w.ew.setOnEvent(progress)
+		if w.readyOK && w.handOff(launchReq) == nil {
+			pr = w
+			if l.opts.afterHandOff != nil {
+				l.opts.afterHandOff(pr.cmd.Process.Pid)
+			}
+			l.await(ctx, pr, deadline, &f)
+			// Killed (not by this run) before its playbook started: the
+			// runner died while idle, after takeWarm saw it alive. Nothing
+			// reached the host; the run starts cold instead.
+			if !pr.diedBeforeStart(&f) {
+				return l.finish(pr, b, req, &f, red)
+			}
+			f = facts{dir: f.dir, phase: f.phase, timeout: f.timeout, connectInTask: f.connectInTask}
+		}
+	}
+	if pr, err = l.startCold(args, launchReq, dir, progress); err != nil {
+		return configError(fmt.Errorf("cannot start ansible-playbook: %w", err))
+	}
+	l.await(ctx, pr, deadline, &f)
+	return l.finish(pr, b, req, &f, red)
+}
+
+// prepare renders the run into dir (a warm runner's directory already holds
+// its ansible.cfg) and returns the ansible-playbook arguments and the launch
+// request.
+func (l *Local) prepare(req Request, dir *runDir, w *proc, timeout time.Duration) (*bundle, []string, []byte, error) {
+	b, err := build(req, l.renderConfig(dir.path, timeout))
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	if w != nil && !w.sameConfig(b.file(fileConfig)) {
 		// cannot happen (same options, same directory); never run a
 		// process started with another configuration
-		return configError(errors.New("internal error: warm runner configuration differs"))
+		return nil, nil, nil, errors.New("internal error: warm runner configuration differs")
 	}
 	for _, f := range b.files {
 		if w != nil && f.name == fileConfig {
 			continue // written when the warm runner was started
 		}
 		if err := dir.write(f.name, f.data); err != nil {
-			return configError(fmt.Errorf("write run directory: %w", err))
+			return nil, nil, nil, fmt.Errorf("write run directory: %w", err)
 		}
 	}
-
 	args := []string{"-i", dir.join(fileInventory)}
 	if b.hasVars {
 		args = append(args, "-e", "@"+dir.join(fileVars))
@@ -475,42 +549,22 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 	args = append(args, dir.join(filePlaybook))
 	launchReq, err := launchRequest(args, req.Conn)
 	if err != nil {
-		return configError(err)
+		return nil, nil, nil, err
 	}
+	return b, args, launchReq, nil
+}
 
-	if w != nil {
-		// A runner still warming up reads the request when it is ready; one
-		// that failed to warm up never will: start cold instead.
-		select {
-		case <-w.ready:
-		case <-ctx.Done():
-			return Result{Outcome: TimedOut, ExitCode: -1, Message: "not started: " + ctx.Err().Error()}
-		case <-time.After(time.Until(deadline)): // garbage-collected once unreferenced (Go ≥ 1.23)
-			return Result{Outcome: TimedOut, ExitCode: -1, Message: fmt.Sprintf("not started: phase timed out after %s", timeout)}
-		}
-		if w.readyOK && w.handOff(launchReq) == nil {
-			pr = w
-		} else {
-			w.stop()
-			w = nil
-		}
-	}
-	if pr == nil {
-		cold, err := l.startCold(args, launchReq, dir)
-		if err != nil {
-			return configError(fmt.Errorf("cannot start ansible-playbook: %w", err))
-		}
-		pr = cold
-	}
-	cmd, ew, errTail, exited := pr.cmd, pr.ew, pr.errTail, pr.exited
+// await waits for the run's process until it exits, the deadline passes or
+// ctx ends (then its group gets SIGTERM, SIGKILL after KillGrace), empties
+// its process group and reaps it; it records how it ended in f.
+func (l *Local) await(ctx context.Context, pr *proc, deadline time.Time, f *facts) {
+	cmd, exited := pr.cmd, pr.exited
 	pid := cmd.Process.Pid
 	if l.opts.onStart != nil {
-		l.opts.onStart(pid, dir.path)
+		l.opts.onStart(pid, f.dir)
 	}
-
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	f := facts{dir: dir.path, phase: req.Phase, timeout: timeout, connectInTask: (b.kind == kindScript && !l.opts.separateConnect) || b.kind == kindVerified}
 	select {
 	case <-exited:
 	case <-timer.C:
@@ -531,24 +585,35 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 	}
 	// The leader has exited but is not reaped yet, so its pid — the group
 	// id — cannot have been reused: whatever is left in the group (workers,
-	// ssh clients) belongs to this run.
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
-	_ = cmd.Wait()
-	ew.Close()
+	// ssh clients) belongs to this run. stop empties it and reaps, once.
+	pr.stop()
+	pr.ew.Close()
 	f.exitCode = cmd.ProcessState.ExitCode()
-	if f.interrupted != "" && b.kind == kindScript && ew.sum.LastTaskInternal == internalScript {
+	f.sum = pr.ew.sum
+	f.stderr, f.stderrCut = pr.errTail.String(), pr.errTail.Truncated()
+}
+
+// diedBeforeStart reports whether the process was killed by a signal this
+// run did not send before its playbook started (no event: no task ran).
+func (pr *proc) diedBeforeStart(f *facts) bool {
+	ws, ok := pr.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && f.interrupted == "" && !f.sum.Started
+}
+
+// finish stops what the run left on the host and the controller (an
+// interrupted script, the ControlPersist master) and maps the facts to the
+// run's result.
+func (l *Local) finish(pr *proc, b *bundle, req Request, f *facts, red *Redactor) Result {
+	if f.interrupted != "" && b.kind == kindScript && f.sum.LastTaskInternal == internalScript {
 		// Killing ssh does not stop the script on the host: stop it there
 		// through the still-open master (timeout(1) would, but only when
 		// the phase timeout runs out there).
-		l.stopRemoteScript(dir, req.Conn)
+		l.stopRemoteScript(pr.dir, req.Conn)
 	}
 	// The ControlPersist master daemonized into its own session: stop it.
-	l.stopControlMaster(dir)
-
-	f.sum = ew.sum
-	f.stderr, f.stderrCut = errTail.String(), errTail.Truncated()
+	l.stopControlMaster(pr.dir)
 	if b.kind == kindScript || b.kind == kindVerified {
-		if data, err := os.ReadFile(dir.join(fileResult)); err == nil {
+		if data, err := os.ReadFile(pr.dir.join(fileResult)); err == nil {
 			var sr scriptResult
 			if json.Unmarshal(data, &sr) == nil {
 				f.script = &sr
@@ -556,9 +621,9 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 		}
 	}
 	if b.kind == kindVerified {
-		return verifiedOutcome(decide(f, red))
+		return verifiedOutcome(decide(*f, red))
 	}
-	return decide(f, red)
+	return decide(*f, red)
 }
 
 // childEnv is the whole environment of ansible-playbook: nothing of the

@@ -132,9 +132,10 @@ func launchRequest(args []string, conn Connection) ([]byte, error) {
 // process, the request on its stdin) when it can be used, else
 // ansible-playbook itself (never for a kind that needs the sandbox:
 // checkSandbox refused it).
-func (l *Local) startCold(args []string, req []byte, dir *runDir) (*proc, error) {
+func (l *Local) startCold(args []string, req []byte, dir *runDir, onEvent func(Event)) (*proc, error) {
 	if l.launcher == "" {
 		p := l.newProc(append([]string{l.opts.AnsiblePlaybook}, args...), dir)
+		p.ew.setOnEvent(onEvent)
 		return p, p.start()
 	}
 	argv := append(append([]string{}, l.interp...), l.launcher, "--cold")
@@ -142,6 +143,7 @@ func (l *Local) startCold(args []string, req []byte, dir *runDir) (*proc, error)
 		argv = append(argv, "--slow-exit")
 	}
 	p := l.newProc(append(argv, l.opts.AnsiblePlaybook, dir.path), dir)
+	p.ew.setOnEvent(onEvent)
 	stdin, err := p.cmd.StdinPipe()
 	if err != nil {
 		return nil, err

@@ -35,7 +35,7 @@ func Validate(phase Phase, src Source) error { return validate(phase, src, true)
 // own attack tests) skips CheckInlineTasks.
 func validate(phase Phase, src Source, checkInline bool) error {
 	if !phase.Valid() {
-		return fmt.Errorf("unknown phase %q (want install, join, leave, uninstall or reboot)", phase)
+		return fmt.Errorf("unknown phase %q (want %s)", phase, PhaseNames())
 	}
 	if src.Verified != nil {
 		return VerifySignature(phase, src)

@@ -244,6 +244,9 @@ func (l *Local) spawnWarm() (*proc, error) {
 	if l.opts.slowExit {
 		args = append(args, "--slow-exit")
 	}
+	if l.opts.noPrebuild {
+		args = append(args, "--no-prebuild")
+	}
 	args = append(args, l.opts.AnsiblePlaybook, dir.path)
 	w := l.newProc(args, dir)
 	// SIGTERM, not SIGKILL, when the controller dies: an idle runner removes

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -145,6 +146,126 @@ func isWarmRunnerCmdline(cl []byte) bool {
 	return strings.Contains(s, "kpssh_runner.py") && !strings.Contains(s, "\x00--cold\x00")
 }
 
+// waitPrebuilt waits until the idle runner in dir has built every PREBUILD
+// payload (or d passes) and returns the payload files; any other file but
+// the configuration fails the test.
+func waitPrebuilt(t testing.TB, dir string, d time.Duration) []string {
+	t.Helper()
+	var payloads []string
+	for end := time.Now().Add(d); ; time.Sleep(200 * time.Millisecond) {
+		payloads = payloads[:0]
+		_ = filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+			switch {
+			case err != nil || e.IsDir() || p == filepath.Join(dir, fileConfig):
+			case filepath.Base(filepath.Dir(p)) == "ansiballz_cache" && !strings.HasSuffix(p, ".lock"):
+				payloads = append(payloads, filepath.Base(p))
+			case filepath.Base(filepath.Dir(p)) == "ansiballz_cache": // the build's lock file
+			default:
+				t.Errorf("idle warm run directory holds %s", p)
+			}
+			return nil
+		})
+		if len(payloads) >= len(prebuildList(t)) || time.Now().After(end) {
+			return payloads
+		}
+	}
+}
+
+// prebuildList is PREBUILD of runner/kpssh_runner.py.
+func prebuildList(t testing.TB) []string {
+	t.Helper()
+	coll, err := FindCollectionsPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(filepath.Join(coll, runnerScript))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?s)\nPREBUILD = \((.*?)\)`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("no PREBUILD tuple in the runner")
+	}
+	var names []string
+	for _, q := range regexp.MustCompile(`'([a-z0-9_.]+)'`).FindAllSubmatch(m[1], -1) {
+		names = append(names, string(q[1]))
+	}
+	return names
+}
+
+// The idle runner builds ahead exactly the modules the shipped roles run on
+// hosts (FQCN keys of their tasks; controller-side actions left out, the
+// actions that run other modules mapped to them), so a role edit that adds
+// a module cannot leave it out unnoticed.
+func TestPrebuiltModules(t *testing.T) {
+	coll, err := FindCollectionsPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	controllerOnly := []string{"assert", "debug", "fail", "import_role", "import_tasks", "include_role", "include_tasks", "meta", "set_fact", "validate_argument_spec"}
+	runs := map[string][]string{"systemd": {"systemd_service"}, "shell": {"command"}, "template": {"stat", "copy", "file"}}
+	key := regexp.MustCompile(`(?m)^\s*(?:- )?(ansible\.builtin|dklesev\.kpssh)\.([a-z_]+):`)
+	want := map[string]bool{}
+	files, _ := filepath.Glob(filepath.Join(coll, collectionRolesDir, "*", "*", "*.yml"))
+	for _, f := range files {
+		if d := filepath.Base(filepath.Dir(f)); d != "tasks" && d != "handlers" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range key.FindAllStringSubmatch(string(b), -1) {
+			if slices.Contains(controllerOnly, m[2]) {
+				continue
+			}
+			mods := runs[m[2]]
+			if mods == nil {
+				mods = []string{m[2]}
+			}
+			for _, mod := range mods {
+				want[m[1]+"."+mod] = true
+			}
+		}
+	}
+	if len(files) < 10 || !want["dklesev.kpssh.files"] {
+		t.Fatalf("scanned %d files, found %v: the scan is broken", len(files), want)
+	}
+	got := prebuildList(t)
+	for _, m := range got {
+		if !want[m] {
+			t.Errorf("PREBUILD has %s, which no shipped role runs", m)
+		}
+		delete(want, m)
+	}
+	for m := range want {
+		t.Errorf("a shipped role runs %s: add it to PREBUILD", m)
+	}
+}
+
+// pidLog records the pids of the runs' processes in start order.
+type pidLog struct {
+	mu   sync.Mutex
+	pids []int
+}
+
+// hook chains the recording onto o.onStart.
+func (p *pidLog) hook(o *Options) {
+	prev := o.onStart
+	o.onStart = func(pid int, dir string) {
+		prev(pid, dir)
+		p.mu.Lock()
+		p.pids = append(p.pids, pid)
+		p.mu.Unlock()
+	}
+}
+
+func (p *pidLog) list() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.pids)
+}
+
 func pidAlive(pid int) bool { return syscall.Kill(pid, 0) == nil && !isZombie(pid) }
 
 // The pre-warmed runner against a real host: the next run's directory and
@@ -159,17 +280,10 @@ func TestWarmRunner(t *testing.T) {
 	}
 	w := upWorld(t, 1)
 	h := w.Host(0)
-	var mu sync.Mutex
-	var started []int
+	var started pidLog
 	e := testEngine(t, func(o *Options) {
 		o.KillGrace = 2 * time.Second
-		prev := o.onStart
-		o.onStart = func(pid int, dir string) {
-			prev(pid, dir)
-			mu.Lock()
-			started = append(started, pid)
-			mu.Unlock()
-		}
+		started.hook(o)
 	})
 	t.Cleanup(func() { _ = e.Close() })
 	ctx := context.Background()
@@ -178,7 +292,7 @@ func TestWarmRunner(t *testing.T) {
 		t.Helper()
 		return e.Run(ctx, Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Script: script}, Context: c, Timeout: timeout})
 	}
-	lastPid := func() int { mu.Lock(); defer mu.Unlock(); return started[len(started)-1] }
+	lastPid := func() int { p := started.list(); return p[len(p)-1] }
 
 	// the first run starts cold and leaves the next run's runner behind
 	mustOutcome(t, run("echo first > /tmp/kpssh-warm-1\n", time.Minute), Succeeded)
@@ -197,13 +311,14 @@ func TestWarmRunner(t *testing.T) {
 	if wpid == 0 {
 		t.Fatalf("no runner process in %s", dirs[0])
 	}
-	// idle: only the configuration (and ansible's own empty temp dirs)
-	_ = filepath.WalkDir(dirs[0], func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && p != filepath.Join(dirs[0], fileConfig) {
-			t.Errorf("idle warm run directory holds %s", p)
+	// idle: only the configuration, ansible's own temp dirs and the module
+	// payloads it builds ahead (all of PREBUILD, given time)
+	prebuilt := waitPrebuilt(t, dirs[0], 90*time.Second)
+	for _, m := range []string{"dklesev.kpssh.plugins.modules.host_state", "dklesev.kpssh.plugins.modules.files", "ansible.modules.command"} {
+		if !slices.ContainsFunc(prebuilt, func(p string) bool { return strings.Contains(p, m+"-") }) {
+			t.Errorf("the idle runner did not build %s ahead: %v", m, prebuilt)
 		}
-		return nil
-	})
+	}
 
 	// the second run is handed to that process, in that directory
 	r := run("test \"$KPSSH_SECRET_APIKEY\" = '{{ .Secrets.apiKey }}'\necho second > /tmp/kpssh-warm-2\n", time.Minute)
@@ -280,6 +395,48 @@ func TestWarmRunner(t *testing.T) {
 	if d := e.warmDirs(); len(d) != 0 {
 		t.Errorf("warm runners after Close: %v", d)
 	}
+}
+
+// A warm runner that dies after it was taken for a run and handed the
+// request, before its playbook started (killed by someone else: the OOM
+// killer, an operator): nothing reached the host, so the run starts cold and
+// succeeds. CI once saw this as a ConfigError "exit -1" when the runner died
+// between the pool's liveness check and the hand-off.
+func TestWarmRunnerDiesAfterHandOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real ansible-playbook against an nspawn host: skipped under -short")
+	}
+	w := upWorld(t, 1)
+	var mu sync.Mutex
+	var killed []int
+	var starts pidLog
+	e := testEngine(t, func(o *Options) {
+		starts.hook(o)
+		o.afterHandOff = func(pid int) {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(killed) == 0 { // the first warm run only
+				killed = append(killed, pid)
+				_ = syscall.Kill(-pid, syscall.SIGKILL)
+			}
+		}
+	})
+	t.Cleanup(func() { _ = e.Close() })
+	if err := e.waitWarm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Script: "echo cold > /tmp/kpssh-warm-died\n"},
+		Context: joinContext(w.Host(0)), Timeout: time.Minute})
+	mustOutcome(t, r, Succeeded)
+	mu.Lock()
+	defer mu.Unlock()
+	if started := starts.list(); len(killed) != 1 || len(started) != 2 || started[0] != killed[0] || started[1] == killed[0] {
+		t.Fatalf("killed %v, started %v: want the killed warm runner, then a cold start", killed, started)
+	}
+	if got := mustRun(t, w, 0, "cat /tmp/kpssh-warm-died"); got != "cold" {
+		t.Fatalf("host has %q", got)
+	}
+	assertNoZombieChildren(t)
 }
 
 // A launcher that cannot warm up (here: one that exits at once) costs

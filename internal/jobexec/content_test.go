@@ -24,6 +24,9 @@ func TestParseContent(t *testing.T) {
 		`{"volumes":[{"name":"x","emptyDir":{}}],"volumeMounts":[{"name":"x","mountPath":"/tmp/x"}]}`:   "overlaps the phase pod's own /tmp",
 		`{"volumes":[{"name":"x","emptyDir":{}}],"volumeMounts":[{"name":"x","mountPath":"/var/run"}]}`: "overlaps the phase pod's own " + InputDir,
 		`{"initContainers":[{"name":"phase","image":"x"}]}`:                                             "another name",
+		// /var/run is /run in the image
+		`{"volumes":[{"name":"x","emptyDir":{}}],"volumeMounts":[{"name":"x","mountPath":"/run/kpssh"}]}`: "overlaps the phase pod's own " + InputDir,
+		`{"volumes":[{"name":"x","emptyDir":{}}],"volumeMounts":[{"name":"x","mountPath":"/run"}]}`:       "overlaps the phase pod's own " + InputDir,
 	} {
 		if _, err := ParseContent(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", in, err, want)
@@ -54,5 +57,32 @@ func TestJobCarriesContent(t *testing.T) {
 	}
 	if env[EnvRolesPath] != "/c/a/roles" || env[EnvCollectionsPath] != "/c/a/collections:/c/b" {
 		t.Fatalf("env %v", env)
+	}
+}
+
+// TestContentConfigMapsOptional: every phase pod mounts all of the operator
+// content, so one ConfigMap or Secret that is missing (deleted, or never
+// made in the Job namespace) or lacks a listed key would hold the phase pods
+// of every profile at ContainerCreating until their deadline. Optional, the
+// pod starts without it: only the profile whose role was there fails (its
+// role is not found), the others run.
+func TestContentConfigMapsOptional(t *testing.T) {
+	c, err := ParseContent(`{"volumes":[
+		{"name":"cm","configMap":{"name":"a","items":[{"key":"tasks__join.yml","path":"tasks/join.yml"}]}},
+		{"name":"sec","secret":{"secretName":"b"}},
+		{"name":"proj","projected":{"sources":[{"configMap":{"name":"c"}},{"secret":{"name":"d"}}]}},
+		{"name":"img","image":{"reference":"localhost/c:1"}}],
+		"volumeMounts":[{"name":"cm","mountPath":"/c/a"},{"name":"sec","mountPath":"/c/b"},{"name":"proj","mountPath":"/c/c"},{"name":"img","mountPath":"/c/d"}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := c.Volumes
+	for what, opt := range map[string]*bool{
+		"configMap": v[0].ConfigMap.Optional, "secret": v[1].Secret.Optional,
+		"projected configMap": v[2].Projected.Sources[0].ConfigMap.Optional, "projected secret": v[2].Projected.Sources[1].Secret.Optional,
+	} {
+		if opt == nil || !*opt {
+			t.Errorf("%s content volume not optional: a missing one would stop every phase pod", what)
+		}
 	}
 }

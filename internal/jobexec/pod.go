@@ -11,7 +11,9 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/dklesev/kpssh/internal/engine"
 )
@@ -123,7 +125,15 @@ func PhaseRun(args []string, o PhaseRunOptions) int {
 	// the way a timeout does: interrupted, killed, a TimedOut result.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	fmt.Fprintf(o.Stdout, "phase-run: %s on %s starting (timeout %s)\n", req.Phase, req.Conn.Address, req.Timeout)
+	out := &lockedWriter{w: o.Stdout}
+	fmt.Fprintf(out, "phase-run: %s on %s starting (timeout %s)\n", req.Phase, req.Conn.Address, req.Timeout)
+	// Each task that ends, one line (names redacted by the engine, no
+	// output): kubectl logs shows where a long phase is.
+	req.Progress = func(tp engine.TaskProgress) {
+		if tp.Status != "started" {
+			fmt.Fprintln(out, taskLine(req.Phase, tp))
+		}
+	}
 	res := eng.Run(ctx, req)
 	msg := EncodeResult(res)
 	if err := os.WriteFile(*term, msg, 0o644); err != nil {
@@ -135,11 +145,34 @@ func PhaseRun(args []string, o PhaseRunOptions) int {
 		Phase  engine.Phase `json:"phase"`
 		Result string       `json:"result"`
 	}{req.Phase, string(msg)})
-	fmt.Fprintln(o.Stdout, string(line))
+	fmt.Fprintln(out, string(line))
 	if res.Outcome != engine.Succeeded {
 		return ExitFailed
 	}
 	return ExitSucceeded
+}
+
+// taskLine is the pod log's line for a task that ended: phase, task
+// (quoted: a name may hold anything), status and duration.
+func taskLine(ph engine.Phase, tp engine.TaskProgress) string {
+	task := tp.Task
+	if task == "" {
+		task = tp.Internal
+	}
+	return fmt.Sprintf("phase-run: %s task %q %s in %s", ph, task, tp.Status, tp.Duration.Round(time.Millisecond))
+}
+
+// lockedWriter serialises the progress lines (the engine's output
+// goroutine) with the run's own.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func defaultEngine() (engine.Engine, error) {

@@ -106,8 +106,15 @@ func TestPhaseRun(t *testing.T) {
 			if (got != nil) != c.gotInput {
 				t.Fatalf("engine ran: %v", got != nil)
 			}
-			if got != nil && !reflect.DeepEqual(*got, req) {
-				t.Fatalf("engine got %+v\nwant %+v", *got, req)
+			if got != nil {
+				if got.Progress == nil {
+					t.Fatal("the engine got no Progress: a long phase is silent in the pod's log")
+				}
+				r := *got
+				r.Progress = nil
+				if !reflect.DeepEqual(r, req) {
+					t.Fatalf("engine got %+v\nwant %+v", r, req)
+				}
 			}
 			if c.outcome == "" {
 				return
@@ -129,6 +136,52 @@ func TestPhaseRun(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Each task that ends is one line of the pod's log, in order with the
+// run's own lines; started tasks are not (the end says all).
+func TestPhaseRunLogsTasks(t *testing.T) {
+	req := request()
+	in, err := EncodeInput(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	inPath, term := filepath.Join(dir, "request.json"), filepath.Join(dir, "termination-log")
+	if err := os.WriteFile(inPath, in, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	eng := engineFunc(func(_ context.Context, r engine.Request) engine.Result {
+		for _, tp := range []engine.TaskProgress{
+			{Internal: "connect", Task: "kpssh: connect", Status: "started"},
+			{Internal: "connect", Task: "kpssh: connect", Status: "ok", Duration: 210 * time.Millisecond},
+			{Task: `fetch "kubelet"`, Status: "started"},
+			{Task: `fetch "kubelet"`, Status: "changed", Duration: 61234567 * time.Microsecond},
+			{Task: "start kubelet", Status: "started"},
+			{Task: "start kubelet", Status: "failed", Duration: time.Second},
+		} {
+			r.Progress(tp)
+		}
+		return engine.Result{Outcome: engine.Failed, FailedTask: "start kubelet", Touched: true}
+	})
+	var stdout, stderr bytes.Buffer
+	code := PhaseRun([]string{"--input", inPath, "--termination-log", term, "--" + DigestFlag, digest(in)},
+		PhaseRunOptions{NewEngine: func() (engine.Engine, error) { return eng, nil }, Stdout: &stdout, Stderr: &stderr})
+	if code != ExitFailed {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	want := []string{
+		`phase-run: join task "kpssh: connect" ok in 210ms`,
+		`phase-run: join task "fetch \"kubelet\"" changed in 1m1.235s`,
+		`phase-run: join task "start kubelet" failed in 1s`,
+	}
+	if len(lines) != len(want)+2 || !strings.HasPrefix(lines[0], "phase-run: join on ") || !strings.HasPrefix(lines[len(lines)-1], `{"phase":"join","result":`) {
+		t.Fatalf("pod log:\n%s", stdout.String())
+	}
+	if !reflect.DeepEqual(lines[1:len(lines)-1], want) {
+		t.Fatalf("task lines %q, want %q", lines[1:len(lines)-1], want)
 	}
 }
 

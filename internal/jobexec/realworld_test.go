@@ -431,6 +431,10 @@ echo "$KPSSH_NODE_NAME $KPSSH_VAR_GREETING" > /root/jobexec-proof
 		if got := w.MustRun(0, "cat /root/jobexec-proof"); got != "node-1 hello-from-a-job" {
 			t.Fatalf("proof on the host: %q", got)
 		}
+		// The pod's log: the script's task, once it ended, one line.
+		if n := strings.Count(string(kl.lastLog), `phase-run: join task "kpssh: join script" changed in `); n != 1 {
+			t.Fatalf("the pod's log has the ended script task %d times:\n%s", n, kl.lastLog)
+		}
 		// The inputs go as soon as the result is read; the Job at its TTL
 		// (the real ttl-after-finished controller), its pod with it (the
 		// garbage collector).

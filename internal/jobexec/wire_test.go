@@ -54,7 +54,8 @@ func TestInputRoundTrip(t *testing.T) {
 		wire reflect.Type
 		skip map[string]bool
 	}{
-		{reflect.TypeOf(engine.Request{}), reflect.TypeOf(wireInput{}), map[string]bool{"Key": true}},
+		// Progress is the caller's callback: a Job's pod reports its own (its log).
+		{reflect.TypeOf(engine.Request{}), reflect.TypeOf(wireInput{}), map[string]bool{"Key": true, "Progress": true}},
 		{reflect.TypeOf(engine.Connection{}), reflect.TypeOf(wireConn{}), nil},
 		{reflect.TypeOf(engine.Source{}), reflect.TypeOf(wireSource{}), nil},
 		{reflect.TypeOf(engine.Context{}), reflect.TypeOf(wireContext{}), nil},

@@ -92,6 +92,9 @@ func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*eng
 	runner := phase.New(phases, keys, op.EventRecorder)
 	tokens := token.New(kube)
 	cp := cloudprovider.New(kube, live, o.PoolNamespace, runner, tokens, op.EventRecorder, op.Clock)
+	// A running phase shows in its host's lastPhase through the pool's
+	// narrow setter (a CAS under the claim, as every other status write).
+	runner.Status = cp.Pool
 	cp.Repair = o.Repair
 
 	hc := host.New(kube, op.EventRecorder, o.PoolNamespace)
@@ -121,7 +124,9 @@ func (k *Kpssh) WithControllers(ctx context.Context, op *coreoperator.Operator) 
 	cluster := state.NewCluster(op.Clock, op.GetClient(), decorated, state.WithRepairPolicyMatcher(matcher))
 	return op.
 		WithControllers(ctx, corecontrollers.NewControllers(ctx, op.Manager, op.Clock, op.GetClient(), op.EventRecorder,
-			decorated, k.CloudProvider, cluster, op.InstanceTypeStore, op.PredictionStore)...).
+			decorated, k.CloudProvider, cluster, op.InstanceTypeStore, op.PredictionStore,
+			// Registration waits for the profile's verify phase.
+			corecontrollers.WithRegistrationHook(k.CloudProvider.VerifyHook()))...).
 		WithControllers(ctx, k.Controllers...)
 }
 

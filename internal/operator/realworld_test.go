@@ -155,6 +155,50 @@ func clusterInfo(t *testing.T, server string) *corev1.ConfigMap {
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-public", Name: "cluster-info"}, Data: map[string]string{"kubeconfig": string(b)}}
 }
 
+// checkTaskLog: the launch's install and join logged each task that ended
+// (V(1)), with the keys Karpenter's own lines carry: the NodeClaim (from
+// Karpenter's lifecycle controller) and the SSHHost as klog objects, each
+// once, the phase, task, status and duration.
+func checkTaskLog(t *testing.T, logFile, claim, host string) {
+	t.Helper()
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, `"message":"phase task ended"`) {
+			continue
+		}
+		var e struct {
+			Level     string            `json:"level"`
+			NodeClaim map[string]string `json:"NodeClaim"`
+			SSHHost   map[string]string `json:"SSHHost"`
+			Phase     string            `json:"phase"`
+			Task      string            `json:"task"`
+			Status    string            `json:"status"`
+			Duration  string            `json:"duration"`
+		}
+		if err := json.Unmarshal([]byte(l), &e); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		if e.NodeClaim["name"] != claim {
+			continue // another launch's
+		}
+		d, err := time.ParseDuration(e.Duration)
+		if e.Level != "DEBUG" || e.SSHHost["name"] != host || e.SSHHost["namespace"] != poolNS || e.Task == "" || e.Status == "" || err != nil || d <= 0 ||
+			strings.Count(l, `"NodeClaim":`) != 1 || strings.Count(l, `"SSHHost":`) != 1 {
+			t.Errorf("task log line: %s", l)
+		}
+		seen[e.Phase+" "+e.Task] = true
+	}
+	for _, want := range []string{"install kpssh: install script", "join kpssh: join script"} {
+		if !seen[want] {
+			t.Errorf("no log line for %s's end; logged %v", want, seen)
+		}
+	}
+}
+
 // The profile records what each phase saw on the host.
 const (
 	installScript = `mkdir -p /etc/kpssh-test
@@ -252,6 +296,7 @@ func TestKarpenterDrivesHostsThroughEngine(t *testing.T) {
 	if got := w.MustRun(i, "cat /etc/kpssh-test/installed"); strings.TrimSpace(got) != host.Name {
 		t.Fatalf("install saw node name %q", got)
 	}
+	checkTaskLog(t, logFile, claim.Name, host.Name)
 	joined := strings.Split(strings.TrimSpace(w.MustRun(i, "cat /etc/kpssh-test/joined")), "\n")
 	if len(joined) != 6 || !strings.HasPrefix(joined[0], host.Status.BootstrapTokenID+".") || joined[1] != claim.Status.ProviderID ||
 		joined[2] != host.Name || joined[3] != "https://"+w.Inventory().BridgeAddress+":6443" ||

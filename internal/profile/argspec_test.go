@@ -15,9 +15,15 @@ import (
 // searchRoles is a RoleValidator that accepts every role and searches dirs.
 type searchRoles struct{ roles, colls []string }
 
-func (searchRoles) ValidateRole(string, engine.Phase) error { return nil }
-func (s searchRoles) RolesPaths() []string                  { return s.roles }
-func (s searchRoles) CollectionsPaths() []string            { return s.colls }
+// ValidateRole: the role has every phase but verify (like the shipped roles).
+func (searchRoles) ValidateRole(role string, ph engine.Phase) error {
+	if ph == engine.PhaseVerify {
+		return &engine.NoRolePhaseError{Role: role, Phase: ph}
+	}
+	return nil
+}
+func (s searchRoles) RolesPaths() []string       { return s.roles }
+func (s searchRoles) CollectionsPaths() []string { return s.colls }
 
 func writeRole(t *testing.T, root, name string, files map[string]string) {
 	t.Helper()
@@ -136,7 +142,15 @@ func TestCheckClass(t *testing.T) {
 		{name: "timeouts", p: slow, nc: nc, reason: v1beta1.ReasonTimeoutsExceedRegistration, want: "profile slow: timeouts install 14m + join 5m = 19m exceeds Karpenter's registration window of 15m"},
 		{name: "selector", p: scripts("i", "j", "l", ""), nc: badSel, reason: v1beta1.ReasonSelectorError, want: "hostSelector: "},
 		{name: "no class: specs not checked", p: role("r"), roles: searchRoles{}, note: "no node class given"},
-		{name: "resolver without paths", p: role("r"), nc: nc, roles: &fakeRoles{}, note: "does not say where it searches"},
+		{name: "resolver without paths", p: role("r"), nc: nc, roles: &fakeRoles{errs: noVerify("r")}, note: "does not say where it searches"},
+		// A verify phase runs inside the window too.
+		{name: "verify with the default timeouts", p: with(scripts("i", "j", "l", ""), verifyScript("v")), nc: nc, reason: v1beta1.ReasonTimeoutsExceedRegistration,
+			want: "profile p: timeouts install 10m + join 5m + verify 2m = 17m exceeds Karpenter's registration window of 15m; lower spec.timeouts.install, spec.timeouts.join or spec.timeouts.verify"},
+		{name: "verify fits", p: with(scripts("i", "j", "l", ""), func(p *v1beta1.SSHJoinProfile) {
+			p.Spec.Scripts.Verify, p.Spec.Timeouts.Install = "v", "8m"
+		}), nc: nc},
+		{name: "role with verify.yml", p: role("r"), nc: nc, roles: &fakeRoles{}, reason: v1beta1.ReasonTimeoutsExceedRegistration, want: "+ verify 2m = 17m"},
+		{name: "role without verify.yml", p: role("r"), nc: nc, roles: &fakeRoles{errs: noVerify("r")}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -41,8 +41,8 @@ func invalid(reason, format string, a ...any) ClassCheck {
 // cluster, in the order a user fixes things: the profile is valid
 // (Validate, roles resolved by roles), the role's argument specs are
 // satisfied by the vars the class and profile give (when roles also says
-// where it searches: RoleSearchPath), the install + join timeouts fit
-// Karpenter's registration window, and the class's hostSelector parses.
+// where it searches: RoleSearchPath), the install + join (+ verify) timeouts
+// fit Karpenter's registration window, and the class's hostSelector parses.
 // nc may be nil (a profile alone): the argument specs and the selector are
 // then not checked (a note says so). The node class controller and `kpssh
 // validate` both call this, so they agree on every message.
@@ -66,7 +66,7 @@ func CheckClass(p *v1beta1.SSHJoinProfile, nc *v1beta1.SSHNodeClass, roles RoleV
 			notes = append(notes, n...)
 		}
 	}
-	if msg, ok := timeoutsFit(p); !ok {
+	if msg, ok := timeoutsFit(p, roles); !ok {
 		return invalid(v1beta1.ReasonTimeoutsExceedRegistration, "%s", msg)
 	}
 	if nc != nil && nc.Spec.HostSelector != nil {
@@ -83,16 +83,24 @@ func WarningMessage(p *v1beta1.SSHJoinProfile, warnings []string) string {
 	return fmt.Sprintf("warning: profile %s: %s", p.Name, strings.Join(warnings, "; "))
 }
 
-// timeoutsFit refuses a profile whose install + join timeouts exceed the
-// registration window: Karpenter would delete the NodeClaim while a slow
-// phase still runs on the host. Equal fits (the defaults, 10m + 5m, do).
-func timeoutsFit(p *v1beta1.SSHJoinProfile) (string, bool) {
+// timeoutsFit refuses a profile whose install + join (+ verify, when it
+// has one) timeouts exceed the registration window: Karpenter would delete
+// the NodeClaim while a slow phase still runs on the host. Equal fits (the
+// defaults, 10m + 5m, do).
+func timeoutsFit(p *v1beta1.SSHJoinProfile, roles RoleValidator) (string, bool) {
 	install, join := Timeout(p, engine.PhaseInstall), Timeout(p, engine.PhaseJoin)
-	if install+join <= RegistrationWindow {
+	sum, terms := install+join, fmt.Sprintf("install %s + join %s", ShortDuration(install), ShortDuration(join))
+	fields := "spec.timeouts.install or spec.timeouts.join"
+	if Verifies(p, roles) {
+		verify := Timeout(p, engine.PhaseVerify)
+		sum, terms = sum+verify, terms+" + verify "+ShortDuration(verify)
+		fields = "spec.timeouts.install, spec.timeouts.join or spec.timeouts.verify"
+	}
+	if sum <= RegistrationWindow {
 		return "", true
 	}
-	return fmt.Sprintf("profile %s: timeouts install %s + join %s = %s exceeds Karpenter's registration window of %s; lower spec.timeouts.install or spec.timeouts.join",
-		p.Name, ShortDuration(install), ShortDuration(join), ShortDuration(install+join), ShortDuration(RegistrationWindow)), false
+	return fmt.Sprintf("profile %s: timeouts %s = %s exceeds Karpenter's registration window of %s; lower %s",
+		p.Name, terms, ShortDuration(sum), ShortDuration(RegistrationWindow), fields), false
 }
 
 // ShortDuration prints a duration without zero tails: 15m, not 15m0s.

@@ -27,6 +27,7 @@ const (
 	DefaultLeaveTimeout     = 3 * time.Minute
 	DefaultUninstallTimeout = 10 * time.Minute
 	DefaultRebootTimeout    = 2 * time.Minute
+	DefaultVerifyTimeout    = 2 * time.Minute
 	DefaultCheckTimeout     = 2 * time.Minute
 )
 
@@ -93,6 +94,9 @@ func byPhase[T any](phase engine.Phase, install, join, leave, uninstall, reboot 
 }
 
 func pickScript(s *v1beta1.ProfileScripts, phase engine.Phase) v1beta1.Script {
+	if phase == engine.PhaseVerify {
+		return s.Verify
+	}
 	if phase == engine.PhaseCheck {
 		return s.Check
 	}
@@ -100,6 +104,9 @@ func pickScript(s *v1beta1.ProfileScripts, phase engine.Phase) v1beta1.Script {
 }
 
 func pickTasks(t *v1beta1.ProfileTasks, phase engine.Phase) v1beta1.TaskList {
+	if phase == engine.PhaseVerify {
+		return t.Verify
+	}
 	return byPhase(phase, t.Install, t.Join, t.Leave, t.Uninstall, t.Reboot)
 }
 
@@ -109,10 +116,25 @@ func Signature(p *v1beta1.SSHJoinProfile, ph engine.Phase) v1beta1.Signature {
 	if s == nil {
 		return ""
 	}
+	if ph == engine.PhaseVerify {
+		return s.Verify
+	}
 	if ph == engine.PhaseCheck {
 		return s.Check
 	}
 	return byPhase(ph, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
+}
+
+// Verifies reports whether p has a verify phase: scripts.verify or
+// ansible.tasks.verify, or a role with tasks/verify.yml (a role is taken to
+// have one when roles is nil: nothing can tell).
+func Verifies(p *v1beta1.SSHJoinProfile, roles RoleValidator) bool {
+	src, ok := Source(p, engine.PhaseVerify)
+	if !ok || src.Role == "" || roles == nil {
+		return ok
+	}
+	var np *engine.NoRolePhaseError
+	return !errors.As(roles.ValidateRole(src.Role, engine.PhaseVerify), &np)
 }
 
 // durationRE is the CRD's pattern; ParseDuration alone would also take
@@ -120,9 +142,10 @@ func Signature(p *v1beta1.SSHJoinProfile, ph engine.Phase) v1beta1.Signature {
 var durationRE = regexp.MustCompile(`^([0-9]+(s|m|h))+$`)
 
 // Timeout returns the phase timeout from spec.timeouts (defaults install
-// 10m, join 5m, leave 3m, uninstall 10m). A malformed or zero value yields the
-// default: the CRD pattern already rejects malformed ones, and a zero timeout
-// would mean "no bound" to nobody's benefit.
+// 10m, join 5m, leave 3m, uninstall 10m, reboot 2m, verify 2m). A malformed
+// or zero value yields the default: the CRD pattern already rejects
+// malformed ones, and a zero timeout would mean "no bound" to nobody's
+// benefit.
 func Timeout(p *v1beta1.SSHJoinProfile, phase engine.Phase) time.Duration {
 	var raw v1beta1.Duration
 	var def time.Duration
@@ -146,6 +169,11 @@ func Timeout(p *v1beta1.SSHJoinProfile, phase engine.Phase) time.Duration {
 		def = DefaultRebootTimeout
 		if p != nil {
 			raw = p.Spec.Timeouts.Reboot
+		}
+	case engine.PhaseVerify:
+		def = DefaultVerifyTimeout
+		if p != nil {
+			raw = p.Spec.Timeouts.Verify
 		}
 	case engine.PhaseCheck:
 		def = DefaultCheckTimeout
@@ -201,7 +229,7 @@ func VerifiedSource(p *v1beta1.SSHJoinProfile, ph engine.Phase, h *v1beta1.SSHHo
 	if strings.TrimSpace(body) == "" && ph == engine.PhaseReboot {
 		// kpssh sign signs the default when scripts.reboot is absent.
 		if strings.TrimSpace(string(sig)) == "" {
-			return engine.Source{}, fmt.Errorf("join profile %s has no signatures.reboot: the shim runs signed scripts only, and the default reboot is signed like any other (kpssh sign -phases ...,reboot signs scripts.reboot, or the default when there is none)", p.Name)
+			return engine.Source{}, fmt.Errorf("join profile %s has no signatures.reboot: the shim runs signed scripts only, and the default reboot is signed like any other (kpssh sign --phases ...,reboot signs scripts.reboot, or the default when there is none)", p.Name)
 		}
 		body = engine.DefaultRebootScript
 	}
@@ -242,7 +270,7 @@ func VerifiedWarnings(p *v1beta1.SSHJoinProfile) []string {
 			out = append(out, fmt.Sprintf("%s script has no `set -euo pipefail`: on a Verified host nothing is prepended, so a failing command would not fail the phase", ph))
 		}
 		if noParamPolicy(sig) {
-			out = append(out, fmt.Sprintf("%s manifest has no param policy: node-class vars and the cluster endpoint and CA reach the signed script unchecked (re-sign with kpssh sign -param/-param-policy/-ca-file)", ph))
+			out = append(out, fmt.Sprintf("%s manifest has no param policy: node-class vars and the cluster endpoint and CA reach the signed script unchecked (re-sign with kpssh sign --param/--param-policy/--ca-file)", ph))
 		}
 	}
 	return out
@@ -362,6 +390,10 @@ func Validate(p *v1beta1.SSHJoinProfile, roles RoleValidator) error {
 		var np *engine.NoRolePhaseError
 		if err := roles.ValidateRole(a.Role, engine.PhaseReboot); err != nil && !errors.As(err, &np) {
 			return phaseErr(engine.PhaseReboot, err)
+		}
+		// verify is optional: a role without tasks/verify.yml verifies nothing.
+		if err := roles.ValidateRole(a.Role, engine.PhaseVerify); err != nil && !errors.As(err, &np) {
+			return phaseErr(engine.PhaseVerify, err)
 		}
 	}
 	if Signed(p) {

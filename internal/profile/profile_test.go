@@ -73,6 +73,12 @@ func TestSource(t *testing.T) {
 		{"tasks reboot", with(tasks("ti", "tj", "tl", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible.Tasks.Reboot = "tr" }), engine.PhaseReboot, engine.Source{Tasks: "tr"}, true},
 		{"role reboot (the engine falls back without tasks/reboot.yml)", role("r"), engine.PhaseReboot, engine.Source{Role: "r"}, true},
 		{"no source, no default reboot", &v1beta1.SSHJoinProfile{}, engine.PhaseReboot, engine.Source{}, false},
+		// verify is optional and has no default: absent means nothing runs.
+		{"script no verify", scripts("i", "j", "l", ""), engine.PhaseVerify, engine.Source{}, false},
+		{"tasks no verify", tasks("ti", "tj", "tl", ""), engine.PhaseVerify, engine.Source{}, false},
+		{"script verify", with(scripts("i", "j", "l", ""), verifyScript("v")), engine.PhaseVerify, engine.Source{Script: "v"}, true},
+		{"tasks verify", with(tasks("ti", "tj", "tl", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible.Tasks.Verify = "tv" }), engine.PhaseVerify, engine.Source{Tasks: "tv"}, true},
+		{"role verify (the engine skips it without tasks/verify.yml)", role("r"), engine.PhaseVerify, engine.Source{Role: "r"}, true},
 		{"script check", with(scripts("i", "j", "l", ""), checkScript("c")), engine.PhaseCheck, engine.Source{Script: "c"}, true},
 		{"script no check: none (no default)", scripts("i", "j", "l", ""), engine.PhaseCheck, engine.Source{}, false},
 		{"role: no check phase (check mode instead)", role("r"), engine.PhaseCheck, engine.Source{}, false},
@@ -118,6 +124,8 @@ func TestTimeout(t *testing.T) {
 		{"garbage", tm("", "", "soon"), engine.PhaseLeave, 3 * time.Minute},
 		{"zero", tm("", "0s", ""), engine.PhaseJoin, 5 * time.Minute},
 		{"overflow", tm("99999999999999999999h", "", ""), engine.PhaseInstall, 10 * time.Minute},
+		{"verify default", tm("", "", ""), engine.PhaseVerify, 2 * time.Minute},
+		{"verify set", with(tm("", "", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Timeouts.Verify = "45s" }), engine.PhaseVerify, 45 * time.Second},
 		{"check default", tm("", "", ""), engine.PhaseCheck, 2 * time.Minute},
 		{"check set", with(tm("", "", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Timeouts.Check = "45s" }), engine.PhaseCheck, 45 * time.Second},
 	}
@@ -206,11 +214,21 @@ func checkScript(c string) func(*v1beta1.SSHJoinProfile) {
 	return func(p *v1beta1.SSHJoinProfile) { p.Spec.Scripts.Check = v1beta1.Script(c) }
 }
 
-// fakeRoles answers ValidateRole from a table and records the calls.
 func rebootScript(r string) func(*v1beta1.SSHJoinProfile) {
 	return func(p *v1beta1.SSHJoinProfile) { p.Spec.Scripts.Reboot = v1beta1.Script(r) }
 }
 
+func verifyScript(v string) func(*v1beta1.SSHJoinProfile) {
+	return func(p *v1beta1.SSHJoinProfile) { p.Spec.Scripts.Verify = v1beta1.Script(v) }
+}
+
+// noVerify is the answer for a role without tasks/verify.yml (the shipped
+// roles have none).
+func noVerify(role string) map[engine.Phase]error {
+	return map[engine.Phase]error{engine.PhaseVerify: &engine.NoRolePhaseError{Role: role, Phase: engine.PhaseVerify}}
+}
+
+// fakeRoles answers ValidateRole from a table and records the calls.
 type fakeRoles struct {
 	errs  map[engine.Phase]error
 	calls []string
@@ -262,6 +280,18 @@ func TestValidate(t *testing.T) {
 		}), want: "kpssh_secrets", wantPrefix: "reboot"},
 		{name: "role without reboot.yml: the default", p: role("tls_bootstrap"), roles: &fakeRoles{errs: map[engine.Phase]error{engine.PhaseReboot: &engine.NoRolePhaseError{Role: "tls_bootstrap", Phase: engine.PhaseReboot}}}},
 		{name: "role with a bad reboot.yml", p: role("tls_bootstrap"), roles: &fakeRoles{errs: map[engine.Phase]error{engine.PhaseReboot: errors.New("role tls_bootstrap tasks/reboot.yml: not valid YAML")}}, want: "reboot.yml", wantPrefix: "reboot"},
+		// verify is optional and gets install's context: vars, secrets, no token.
+		{name: "verify script with vars and secrets", p: with(scripts("i", "j", "l", ""), verifyScript("test -e {{ .Vars.dev }} # {{ .Secrets.k }} {{ .NodeName }}"))},
+		{name: "verify uses the token", p: with(scripts("i", "j", "l", ""), verifyScript("echo {{ .BootstrapToken }}")), want: "only the join phase", wantPrefix: "verify"},
+		{name: "verify bad template", p: with(scripts("i", "j", "l", ""), verifyScript("echo {{ .Vars.x ")), want: "not a valid template", wantPrefix: "verify"},
+		{name: "verify unknown field", p: with(scripts("i", "j", "l", ""), verifyScript("echo {{ .Nope }}")), want: "unknown field .Nope", wantPrefix: "verify"},
+		{name: "verify tasks not a list", p: with(tasks(task, task, task, ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible.Tasks.Verify = "uri: {url: x}" }), want: "verify tasks", wantPrefix: "verify"},
+		{name: "verify tasks run on the controller", p: with(tasks(task, task, task, ""), func(p *v1beta1.SSHJoinProfile) {
+			p.Spec.Ansible.Tasks.Verify = "- ansible.builtin.command: id\n  delegate_to: localhost\n"
+		}), want: "delegate_to", wantPrefix: "verify"},
+		{name: "role without verify.yml: nothing to verify", p: role("tls_bootstrap"), roles: &fakeRoles{errs: noVerify("tls_bootstrap")}},
+		{name: "role with a bad verify.yml", p: role("tls_bootstrap"), roles: &fakeRoles{errs: map[engine.Phase]error{engine.PhaseVerify: errors.New("role tls_bootstrap: tasks/verify.yml: not valid YAML")}}, want: "verify.yml", wantPrefix: "verify"},
+		{name: "signed verify template", p: signed(with(scripts("i", "j", "l", ""), verifyScript("test -e {{ .Vars.dev }}"))), want: "template-free", wantPrefix: "verify"},
 		// check is optional and gets install's context: vars, secrets, no token.
 		{name: "check script", p: with(scripts("i", "j", "l", ""), checkScript("grep -q {{ .Vars.k8sMinor }} /etc/x || exit 1"))},
 		{name: "check uses the token", p: with(scripts("i", "j", "l", ""), checkScript("echo {{ .BootstrapToken }}")), want: "only the join phase", wantPrefix: "check"},
@@ -312,7 +342,7 @@ func TestValidateRoleCalls(t *testing.T) {
 	if err := Validate(role("tls_bootstrap"), f); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"tls_bootstrap/install", "tls_bootstrap/join", "tls_bootstrap/leave", "tls_bootstrap/reboot"}
+	want := []string{"tls_bootstrap/install", "tls_bootstrap/join", "tls_bootstrap/leave", "tls_bootstrap/reboot", "tls_bootstrap/verify"}
 	if !reflect.DeepEqual(f.calls, want) {
 		t.Fatalf("ValidateRole calls = %v, want %v", f.calls, want)
 	}

@@ -286,16 +286,29 @@ func Verify(armored, message []byte, namespace string, trusted TrustedKeys) (ssh
 // Sign makes an armored SSHSIG (sha512, like ssh-keygen) over message with
 // an unencrypted OpenSSH/PEM private key. RSA keys sign with rsa-sha2-512.
 func Sign(privateKey, message []byte, namespace string) ([]byte, error) {
+	signer, err := ParseSigner(privateKey)
+	if err != nil {
+		return nil, err
+	}
+	return SignWith(signer, message, namespace)
+}
+
+// ParseSigner parses an unencrypted OpenSSH/PEM private key. Its errors
+// never quote the key.
+func ParseSigner(privateKey []byte) (ssh.Signer, error) {
 	signer, err := ssh.ParsePrivateKey(privateKey)
 	if err != nil {
 		var pp *ssh.PassphraseMissingError
 		if errors.As(err, &pp) {
-			return nil, errors.New("sshsig: the private key is passphrase-protected; decrypt a copy first (ssh-keygen -p)")
+			return nil, ErrPassphrase
 		}
 		return nil, errors.New("sshsig: private key does not parse")
 	}
-	return SignWith(signer, message, namespace)
+	return signer, nil
 }
+
+// ErrPassphrase: the private key is encrypted.
+var ErrPassphrase = errors.New("sshsig: the private key is passphrase-protected; load it into ssh-agent (ssh-add) and sign with its public key, or decrypt a copy (ssh-keygen -p)")
 
 // SignWith is Sign with a ready signer.
 func SignWith(signer ssh.Signer, message []byte, namespace string) ([]byte, error) {

@@ -248,6 +248,7 @@ func TestLintAndTemplate(t *testing.T) {
 		`increase(kpssh_host_zombie_actions_total{` + sel + `}[1h])`,
 		`kpssh_instance_phase_duration_seconds_count{` + sel + `}`, // phase outcomes
 		`kpssh_host_probe_duration_seconds_count{` + sel + `,outcome="error"}`,
+		`time() - kpssh_host_last_probe_timestamp_seconds{` + sel + `,class=~"$class"}`,
 	} {
 		if !strings.Contains(dash, strings.ReplaceAll(q, `"`, `\"`)) {
 			t.Errorf("dashboard lacks %s", q)

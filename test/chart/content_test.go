@@ -87,6 +87,13 @@ func TestContent(t *testing.T) {
 	if v := vols["content-role-site-leave"]; v.ConfigMap == nil || v.ConfigMap.Name != "site-leave-role" {
 		t.Errorf("existing ConfigMap volume %+v", v.ConfigMap)
 	}
+	// A missing ConfigMap (or key) must not keep the controller's pod from
+	// starting: every profile would stop, not only the one of that role.
+	for _, n := range []string{"content-role-site-join", "content-role-site-leave"} {
+		if v := vols[n]; v.ConfigMap == nil || v.ConfigMap.Optional == nil || !*v.ConfigMap.Optional {
+			t.Errorf("ConfigMap volume %s is not optional: %+v", n, v.ConfigMap)
+		}
+	}
 	if len(spec.InitContainers) != 1 || spec.InitContainers[0].Name != "copy-old" || strings.Join(spec.InitContainers[0].Command, " ") != "cp -R /. /kpssh-content/" ||
 		spec.InitContainers[0].SecurityContext == nil || *spec.InitContainers[0].SecurityContext.AllowPrivilegeEscalation {
 		t.Errorf("copy init container %+v", spec.InitContainers)

@@ -31,12 +31,13 @@ func contentRole(w *world, _ *state) {
 	// The author's loop: kpssh new-role writes the skeleton outside roles/,
 	// the author's edits (testdata) go over it, and the result ships as
 	// content. The controller reads the role where it is (as it would a
-	// mount); phase pods mount the ConfigMap at that same path (not under
-	// /tmp: the phase pod has its own).
-	if err := os.MkdirAll(filepath.Join(w.repo, ".cache"), 0o755); err != nil {
-		w.t.Fatal(err)
-	}
-	roles, err := os.MkdirTemp(filepath.Join(w.repo, ".cache"), "e2e-content-")
+	// mount); phase pods mount the ConfigMap at that same path. So the path
+	// must be one a phase pod can mount: not under its own /tmp, /dev/shm,
+	// /var/run or home (jobexec.ParseContent refuses those, and the
+	// controller does not start) — which is where a checkout in /tmp put it
+	// (<repo>/.cache: a fresh clone in /tmp/fresh, as CI runs it). /run is
+	// none of them, and the runner's bubblewrap binds it.
+	roles, err := os.MkdirTemp("/run", "kpssh-e2e-content-")
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -180,6 +181,9 @@ func contentRole(w *world, _ *state) {
 	js, err := json.Marshal(content)
 	if err != nil {
 		w.t.Fatal(err)
+	}
+	if _, err := jobexec.ParseContent(string(js)); err != nil {
+		w.t.Fatalf("the controller would refuse to start with this KPSSH_JOB_CONTENT: %v", err)
 	}
 	restart(append(append([]string{}, withContent...), "EXECUTOR=job", "JOB_NAMESPACE="+ns, "JOB_IMAGE="+img,
 		"JOB_IMAGE_PULL_POLICY=Never", "JOB_HOST_NETWORK=true", "JOB_ALLOW_MANAGED_NODES=true",

@@ -47,6 +47,7 @@ func TestE2E(t *testing.T) {
 		{"PowerOutage", powerOutage},
 		{"Maintenance", maintenance},
 		{"Drift", drift},
+		{"Verify", verifyGate},   // verify_test.go
 		{"HostDrift", hostDrift}, // hostdrift_test.go
 		{"CrashResume", crashResume},
 		{"RoleProfile", roleProfile},

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -102,10 +103,15 @@ func newWorld(t testing.TB) *world {
 		t.Fatalf("go build ./cmd/controller: %v\n%s", err, out)
 	}
 
+	// Planes of killed earlier runs first: their apiserver would keep this
+	// world's bridge address:6443 once the world is given the same subnet.
+	if out, err := script(ctx, repo, nil, 2*time.Minute, "controlplane.sh", "gc"); err != nil {
+		t.Logf("controlplane.sh gc: %v\n%s", err, out)
+	}
 	// Both Debian releases: h2 is Debian 13 (scenario Releases joins all three).
 	w.hosts = hostenv.UpWith(t, 3, hostenv.Options{Mirror: mirror, Releases: []string{hostenv.Bookworm, hostenv.Trixie, hostenv.Bookworm}})
 	w.plane = w.hosts.Name()
-	env := []string{"KPSSH_CP=" + w.plane}
+	env := []string{"KPSSH_CP=" + w.plane, "KPSSH_OWNER_PID=" + strconv.Itoa(os.Getpid())}
 	// A plane of an earlier, killed run of this test has the same name.
 	if _, err := script(ctx, repo, env, 2*time.Minute, "controlplane.sh", "down"); err != nil {
 		t.Fatal(err)
@@ -256,6 +262,11 @@ func (w *world) eventually(what string, timeout time.Duration, cond func() (bool
 		}
 		if s != last && s != "" {
 			w.t.Logf("waiting for %s: %s", what, s)
+		}
+		// A controller that exited by itself (a refused setting, a crash)
+		// fails the wait now, with its log, not at the timeout.
+		if why, gone := w.ctrl.exitedOnItsOwn(); gone {
+			w.t.Fatalf("waiting for %s: the controller exited on its own: %s", what, why)
 		}
 		last = s
 		if time.Now().After(deadline) {
@@ -424,6 +435,25 @@ func (c *controller) start() {
 	f.Close()
 	c.cmd, c.done = cmd, make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(cmd, c.done)
+}
+
+// exitedOnItsOwn reports a controller that ended without kill or stop,
+// with its exit status and the tail of its log (the log's directory is
+// removed after the run unless KPSSH_E2E_LOGS keeps it).
+func (c *controller) exitedOnItsOwn() (string, bool) {
+	if c == nil || c.cmd == nil {
+		return "", false
+	}
+	select {
+	case <-c.done:
+	default:
+		return "", false
+	}
+	b, err := os.ReadFile(c.logPath())
+	if err != nil {
+		return fmt.Sprintf("%v (log: %v)", c.cmd.ProcessState, err), true
+	}
+	return fmt.Sprintf("%v; log tail:\n%s", c.cmd.ProcessState, tail(string(b), 3000)), true
 }
 
 // kill sends sig to the controller's process group and waits for it to exit.

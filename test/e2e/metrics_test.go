@@ -196,7 +196,9 @@ var specMetrics = []struct {
 	{"kpssh_instance_phase_duration_seconds", "kpssh_instance_phase_duration_seconds_count", map[string][]string{
 		"phase": strs(engine.Phases),
 		"outcome": {string(engine.Succeeded), string(engine.Failed), string(engine.TimedOut), string(engine.ConfigError),
-			string(engine.Rejected)}}},
+			string(engine.Rejected)},
+		"profile": nil}},
+	{"kpssh_host_last_probe_timestamp_seconds", "kpssh_host_last_probe_timestamp_seconds", map[string][]string{"host": nil, "class": nil}},
 	{"kpssh_host_zombie_actions_total", "kpssh_host_zombie_actions_total", map[string][]string{
 		"action": {host.ActionLeft, host.ActionLeaveFailed, host.ActionParkedForeign}}},
 	{"kpssh_node_startup_taint_gate_seconds", "kpssh_node_startup_taint_gate_seconds_count", nil},
@@ -276,6 +278,15 @@ func metrics(w *world, st *state) {
 			return false, err.Error()
 		}
 		return len(r) == 1 && r[0].value() == "3", fmt.Sprintf("%v", r)
+	})
+	// The 3 Available small hosts have a probe time, and a recent one
+	// (PROBE_INTERVAL is 3s).
+	w.eventually("kpssh_host_last_probe_timestamp_seconds: ≥ 3 small hosts probed in the last 5m", time.Minute, func() (bool, string) {
+		r, err := p.query(`count(time() - kpssh_host_last_probe_timestamp_seconds{class="small"} < 300) >= 3`)
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(r) == 1, fmt.Sprintf("%v", r)
 	})
 	if r, err := p.query(`sum(max_over_time(kpssh_instance_phase_duration_seconds_count{phase="join",outcome="Succeeded"}[1h]))`); err != nil || len(r) != 1 || r[0].value() == "0" {
 		w.t.Errorf("succeeded joins: %v %v, want ≥ 1", r, err)

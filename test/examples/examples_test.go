@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -24,6 +25,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
@@ -49,7 +51,8 @@ type doc struct {
 
 func (d doc) String() string { return d.file + ": " + d.obj.GetKind() + " " + d.obj.GetName() }
 
-// exampleFiles lists the manifests: examples/*.yaml, examples/*/*.yaml.
+// exampleFiles lists the manifests: examples/*.yaml, examples/*/*.yaml
+// (merge patches, *.patch.yaml, are no manifests: TestExamplesVerifyPatch).
 func exampleFiles(t *testing.T) []string {
 	t.Helper()
 	root, err := testenv.RepoRoot()
@@ -62,7 +65,11 @@ func exampleFiles(t *testing.T) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		files = append(files, m...)
+		for _, f := range m {
+			if !strings.HasSuffix(f, ".patch.yaml") {
+				files = append(files, f)
+			}
+		}
 	}
 	sort.Strings(files)
 	return files
@@ -233,6 +240,57 @@ func TestExamplesValidate(t *testing.T) {
 		if !found {
 			t.Errorf("NodePool %s names node class %q, which no example defines", p.Name, ref.Name)
 		}
+	}
+}
+
+// TestExamplesVerifyPatch: the verify merge patch of the script profiles
+// (examples/scripts/verify-kubelet-healthz.patch.yaml) applied to
+// tls-bootstrap-script and sbc-script gives a profile with a verify phase
+// that the node class controller accepts: valid, install + join + verify
+// within the registration window. nodeadm-ssm-script's longer join does not
+// fit, as the patch's comment says.
+func TestExamplesVerifyPatch(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(root, "examples/scripts/verify-kubelet-healthz.patch.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := yaml.YAMLToJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, d := range loadDocs(t) {
+		p, ok := strict(t, d).(*v1beta1.SSHJoinProfile)
+		if !ok || p.Spec.Scripts == nil {
+			continue
+		}
+		n++
+		orig, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		merged, err := strategicpatch.StrategicMergePatch(orig, patch, v1beta1.SSHJoinProfile{})
+		if err != nil {
+			t.Fatalf("%s: %v", d, err)
+		}
+		out := &v1beta1.SSHJoinProfile{}
+		if err := json.Unmarshal(merged, out); err != nil {
+			t.Fatal(err)
+		}
+		if !profile.Verifies(out, nil) || out.Spec.Scripts.Join != p.Spec.Scripts.Join {
+			t.Errorf("%s patched: verify %q, join changed %v", d, out.Spec.Scripts.Verify, out.Spec.Scripts.Join != p.Spec.Scripts.Join)
+		}
+		c := profile.CheckClass(out, nil, nil)
+		if fits := p.Name != "nodeadm-ssm-script"; fits != c.OK() || (!fits && !strings.Contains(c.Message, "+ verify 2m")) {
+			t.Errorf("%s patched with the verify example: %q %q, want it to fit: %v", d, c.Reason, c.Message, fits)
+		}
+	}
+	if n < 3 {
+		t.Fatalf("%d script profiles patched, want the three of examples/scripts", n)
 	}
 }
 

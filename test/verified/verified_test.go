@@ -583,6 +583,39 @@ func TestVerifiedHost(t *testing.T) {
 		}
 	})
 
+	// verify is signed like the other phases: unsigned, it is refused before
+	// any connection (the launch fails; Karpenter never registers the
+	// claim); signed, the shim runs it with install's params (no token), and
+	// a failing one is a failed phase (rc 10).
+	t.Run("signed verify through the phase runner", func(t *testing.T) {
+		h := w.Host(0)
+		host, r := f.verifiedRunner(h)
+		verify := "#!/bin/bash\nset -euo pipefail\n" +
+			`test -e /etc/kpssh-expected || { echo "expected /etc/kpssh-expected" >&2; exit 1; }` + "\n" +
+			`printf 'uid=%s node=%s token=%s\n' "$(id -u)" "$KPSSH_NODE_NAME" "${#KPSSH_BOOTSTRAP_TOKEN}" > ` + marker + "\n"
+		prof := &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: profileName}, Spec: v1beta1.SSHJoinProfileSpec{Version: "3",
+			Scripts: &v1beta1.ProfileScripts{Install: "set -euo pipefail\n", Join: v1beta1.Script(joinScript), Leave: "set -euo pipefail\n", Verify: v1beta1.Script(verify)}}}
+		cctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		out := r.Run(cctx, host, prof, engine.PhaseVerify, ctx, nil)
+		if out.Outcome != engine.ConfigError || out.HostSide() || !strings.Contains(out.Message, "signatures.verify") {
+			t.Fatalf("unsigned verify on a Verified host: %s: %s", out.Outcome, out.Message)
+		}
+		prof.Spec.Signatures = &v1beta1.ProfileSignatures{Verify: v1beta1.Signature(signed(now.Add(-2*time.Hour), "verify", verify).Signature)}
+		if out := r.Run(cctx, host, prof, engine.PhaseVerify, ctx, nil); out.Outcome != engine.Failed || out.RC != engine.ShimScriptFailed ||
+			!strings.Contains(out.Message, "expected /etc/kpssh-expected") || out.LastPhase.Result != v1beta1.PhaseFailed {
+			t.Fatalf("signed verify, expectation unmet: %s rc %d: %s", out.Outcome, out.RC, out.Message)
+		}
+		f.markerGone("failed verify")
+		f.w.MustRun(0, "touch /etc/kpssh-expected")
+		if out := r.Run(cctx, host, prof, engine.PhaseVerify, ctx, nil); !out.OK() {
+			t.Fatalf("signed verify: %s: %s", out.Outcome, out.Message)
+		}
+		if got := f.w.MustRun(0, "cat "+marker+" && rm -f "+marker+" /etc/kpssh-expected"); got != "uid=0 node=node-v1 token=0" {
+			t.Fatalf("verify wrote %q, want root, the node name and no token", got)
+		}
+	})
+
 	// Last: it reboots the host. A profile without scripts.reboot whose
 	// signatures.reboot signs kpssh's default reboot: the shim runs the
 	// default as signed, and the host comes back with a new boot id. Without

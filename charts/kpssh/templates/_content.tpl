@@ -32,7 +32,10 @@ searched after the shipped roles and collection). Every mount is read-only.
 {{- $items = append $items (dict "key" (replace "/" "__" .) "path" .) -}}
 {{- end -}}
 {{- $cm := default (printf "%s-role-%s" (include "kpssh.fullname" $) $dns) .configMap -}}
-{{- $vols = append $vols (dict "name" (printf "content-role-%s" $dns) "configMap" (dict "name" $cm "items" $items)) -}}
+{{- /* optional: a missing ConfigMap or key must not keep the controller's pod
+(and every phase pod) from starting; the class of the role says what is
+missing instead. */ -}}
+{{- $vols = append $vols (dict "name" (printf "content-role-%s" $dns) "configMap" (dict "name" $cm "items" $items "optional" true)) -}}
 {{- $mounts = append $mounts (dict "name" (printf "content-role-%s" $dns) "mountPath" (printf "%s/roles/%s" $root .name) "readOnly" true) -}}
 {{- end -}}
 {{- if $c.roles }}{{ $roles = append $roles (printf "%s/roles" $root) }}{{ end -}}

@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -138,7 +137,6 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if !h.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil
 	}
-	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("sshhost", req.Name))
 	for _, s := range []step{c.collectToken, c.duplicate, c.repairStaleClaim, c.maintenance, c.probe} {
 		res, done, err := s(ctx, h)
 		if apierrors.IsConflict(err) {

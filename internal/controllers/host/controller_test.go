@@ -386,15 +386,22 @@ func TestStaleClaimReleased(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, st := range []v1beta1.HostState{v1beta1.HostClaimed, v1beta1.HostInUse} {
+				// The claim's install was shown Running when its NodeClaim went.
+				running := func(h *v1beta1.SSHHost) {
+					h.Status.LastPhase = &v1beta1.LastPhase{Phase: v1beta1.PhaseInstall, Result: v1beta1.PhaseRunning, StartedAt: metav1.Now(), CurrentTask: "fetch kubelet"}
+				}
 				drifted := func(h *v1beta1.SSHHost) {
 					h.SetHostDrift(&v1beta1.HostDriftStatus{ClaimUID: "uid-1", LastResult: v1beta1.DriftDrifted}, "drifted", metav1.Now())
 				}
-				objs := append([]client.Object{tokenSecret(), newHost("h1", claimed(st, "nc-1", "uid-1"), drifted)}, tc.objs...)
+				objs := append([]client.Object{tokenSecret(), newHost("h1", claimed(st, "nc-1", "uid-1"), running, drifted)}, tc.objs...)
 				w := newWorld(t, nil, objs...)
 				w.reconcile(t, "h1")
 				h := w.host(t, "h1")
 				if h.Status.State != v1beta1.HostPending || h.Status.ClaimRef != nil || h.Status.BootstrapTokenID != "" || h.Status.ProviderID != "" {
 					t.Fatalf("%s: status %+v", st, h.Status)
+				}
+				if lp := h.Status.LastPhase; lp.Result != v1beta1.PhaseInterrupted || lp.CurrentTask != "" || !strings.Contains(lp.Message, `NodeClaim nc-1 no longer exists`) || !strings.Contains(lp.Message, `"fetch kubelet"`) {
+					t.Fatalf("%s: an unfinished phase after the release: %+v", st, lp)
 				}
 				if h.Status.HostDrift != nil || h.HostDrifted() || strings.Contains(fmt.Sprint(h.Status.Conditions), v1beta1.ConditionHostDrift) {
 					t.Fatalf("%s: the claim's drift record survived its release: %+v %+v", st, h.Status.HostDrift, h.Status.Conditions)
@@ -616,17 +623,29 @@ func TestHostOutsidePoolNamespaceIgnored(t *testing.T) {
 }
 
 func TestPoolCollector(t *testing.T) {
+	probed := func(unix int64) *metav1.Time { t := metav1.Unix(unix, 0); return &t }
 	w := newWorld(t, nil,
-		newHost("a", func(h *v1beta1.SSHHost) { h.Status.State = v1beta1.HostAvailable }),
+		newHost("a", func(h *v1beta1.SSHHost) {
+			h.Status.State = v1beta1.HostAvailable
+			h.Status.LastProbeTime = probed(1796461200)
+		}),
 		newHost("b", func(h *v1beta1.SSHHost) {
 			h.Labels = map[string]string{v1beta1.LabelHostClass: "big"}
 			h.Status.State = v1beta1.HostInUse
+			h.Status.LastProbeTime = probed(1796461321)
 		}),
-		newHost("c"), // empty state counts as Pending in class default
-		newHost("d", func(h *v1beta1.SSHHost) { h.Namespace = "elsewhere" }),
+		newHost("c"), // empty state counts as Pending in class default; never probed: no series
+		newHost("d", func(h *v1beta1.SSHHost) {
+			h.Namespace = "elsewhere"
+			h.Status.LastProbeTime = probed(1796461200)
+		}),
 	)
 	col := NewPoolCollector(w.c, ns)
 	want := `
+# HELP kpssh_host_last_probe_timestamp_seconds Unix time of each host's last probe (status.lastProbeTime), by SSHHost name and host class.
+# TYPE kpssh_host_last_probe_timestamp_seconds gauge
+kpssh_host_last_probe_timestamp_seconds{class="big",host="b"} 1.796461321e+09
+kpssh_host_last_probe_timestamp_seconds{class="default",host="a"} 1.7964612e+09
 # HELP kpssh_pool_hosts Hosts in the pool by state and host class.
 # TYPE kpssh_pool_hosts gauge
 kpssh_pool_hosts{class="big",state="Available"} 0

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -110,7 +111,7 @@ func (c *Controller) hostsOfMachine(ctx context.Context, o client.Object) []reco
 	}
 	same, err := c.sameMachine(ctx, h)
 	if err != nil {
-		log.FromContext(ctx).Error(err, "listing the hosts of a machine", "sshhost", h.Name)
+		log.FromContext(ctx).Error(err, "listing the hosts of a machine", "SSHHost", klog.KObj(h))
 		return nil
 	}
 	out := make([]reconcile.Request, 0, len(same))

@@ -64,24 +64,30 @@ func init() {
 	}
 }
 
-// poolCollector computes kpssh_pool_hosts{state,class} on scrape from the
-// informer cache, so the gauge is never stale and costs nothing between
-// scrapes. Every state is emitted per known class (zeros included) so
-// `sum by (class) (kpssh_pool_hosts{state="Available"})` works on an
-// exhausted class.
+// poolCollector computes kpssh_pool_hosts{state,class} and
+// kpssh_host_last_probe_timestamp_seconds{host,class} on scrape from the informer
+// cache, so the gauges are never stale (a deleted host's series goes with
+// it) and cost nothing between scrapes. Every state is emitted per known
+// class (zeros included) so `sum by (class)
+// (kpssh_pool_hosts{state="Available"})` works on an exhausted class. The
+// per-host series are bounded by the SSHHosts the operator created; a host
+// never probed has none.
 type poolCollector struct {
 	reader    client.Reader
 	namespace string
 	desc      *prometheus.Desc
+	lastProbe *prometheus.Desc
 }
 
-// NewPoolCollector returns the kpssh_pool_hosts collector for a pool namespace.
+// NewPoolCollector returns the pool collector for a pool namespace.
 func NewPoolCollector(r client.Reader, namespace string) prometheus.Collector {
-	return &poolCollector{reader: r, namespace: namespace, desc: prometheus.NewDesc(
-		"kpssh_pool_hosts", "Hosts in the pool by state and host class.", []string{"state", "class"}, nil)}
+	return &poolCollector{reader: r, namespace: namespace,
+		desc: prometheus.NewDesc("kpssh_pool_hosts", "Hosts in the pool by state and host class.", []string{"state", "class"}, nil),
+		lastProbe: prometheus.NewDesc("kpssh_host_last_probe_timestamp_seconds",
+			"Unix time of each host's last probe (status.lastProbeTime), by SSHHost name and host class.", []string{"host", "class"}, nil)}
 }
 
-func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
+func (p *poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc; ch <- p.lastProbe }
 
 func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -89,6 +95,7 @@ func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	list := &v1beta1.SSHHostList{}
 	if err := p.reader.List(ctx, list, client.InNamespace(p.namespace)); err != nil {
 		ch <- prometheus.NewInvalidMetric(p.desc, err)
+		ch <- prometheus.NewInvalidMetric(p.lastProbe, err)
 		return
 	}
 	counts := map[string]map[v1beta1.HostState]int{}
@@ -99,6 +106,9 @@ func (p *poolCollector) Collect(ch chan<- prometheus.Metric) {
 			counts[cls] = map[v1beta1.HostState]int{}
 		}
 		counts[cls][h.CurrentState()]++
+		if t := h.Status.LastProbeTime; t != nil {
+			ch <- prometheus.MustNewConstMetric(p.lastProbe, prometheus.GaugeValue, float64(t.Unix()), h.Name, cls)
+		}
 	}
 	for cls, byState := range counts {
 		for _, st := range AllStates {

@@ -6,6 +6,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -44,11 +45,13 @@ func (c *Controller) repairStaleClaim(ctx context.Context, h *v1beta1.SSHHost) (
 	h.Status.BootstrapTokenID = ""
 	h.Status.ProviderID = ""
 	h.SetReboot(nil, metav1.NewTime(c.Clock.Now()))
+	// The claim's phase, if one was shown Running, can no longer record its end.
+	h.InterruptPhase("interrupted: NodeClaim " + ref.Name + " no longer exists; the phase's end was not recorded")
 	h.SetHostDrift(nil, "", metav1.NewTime(c.Clock.Now()))
 	setState(h, v1beta1.HostPending, "released: NodeClaim "+ref.Name+" no longer exists", metav1.NewTime(c.Clock.Now()))
 	if err := patchStatus(ctx, c.Client, orig, h); err != nil {
 		return reconcile.Result{}, true, err
 	}
-	log.FromContext(ctx).Info("released stale claim", "nodeclaim", ref.Name, "uid", ref.UID)
+	log.FromContext(ctx).Info("released stale claim", "NodeClaim", klog.KRef("", ref.Name), "uid", ref.UID)
 	return reconcile.Result{Requeue: true}, true, nil
 }

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -136,7 +137,7 @@ func (c *Controller) hostsOfNode(ctx context.Context, o client.Object) []reconci
 	}
 	list := &v1beta1.SSHHostList{}
 	if err := c.Client.List(ctx, list, client.InNamespace(c.Namespace)); err != nil {
-		log.FromContext(ctx).Error(err, "list hosts for a Node event", "node", n.Name)
+		log.FromContext(ctx).Error(err, "list hosts for a Node event", "Node", klog.KObj(n))
 		return nil
 	}
 	var out []reconcile.Request

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -56,7 +57,7 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 		return reconcile.Result{}, true, err
 	}
 	c.Recorder.Publish(zombieKubelet(h))
-	log.FromContext(ctx).Info("zombie kubelet on unclaimed host; leaving", "node", nodeName(node))
+	log.FromContext(ctx).Info("zombie kubelet on unclaimed host; leaving", "Node", klog.KRef("", nodeName(node)))
 
 	leaveErr := c.Leaver.Leave(ctx, h, creds)
 	var after probe.Result

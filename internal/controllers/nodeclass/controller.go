@@ -124,7 +124,6 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := c.Client.Get(ctx, req.NamespacedName, nc); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("sshnodeclass", nc.Name))
 	res, err := c.reconcile(ctx, nc)
 	if apierrors.IsConflict(err) {
 		// Someone else wrote first: start over from a fresh read.

@@ -241,8 +241,13 @@ func TestReadiness(t *testing.T) {
 		{name: "role without leave", objs: []client.Object{class("c", "p"), roleProfile("p"), host("h1", ns, nil)},
 			roles:      roles{engine.PhaseLeave: errors.New("role tls_bootstrap has no tasks/leave.yml")},
 			wantStatus: metav1.ConditionFalse, wantReason: ReasonProfileInvalid, wantMsg: "leave"},
-		{name: "role resolves", objs: []client.Object{class("c", "p"), roleProfile("p"), host("h1", ns, nil)}, roles: roles{},
+		{name: "role resolves", objs: []client.Object{class("c", "p"), roleProfile("p"), host("h1", ns, nil)},
+			roles:      roles{engine.PhaseVerify: &engine.NoRolePhaseError{Role: "tls_bootstrap", Phase: engine.PhaseVerify}},
 			wantStatus: metav1.ConditionTrue, wantReason: ReasonReady},
+		// A role with tasks/verify.yml: verify runs in the registration
+		// window too, and the default install + join leave it no room.
+		{name: "role with verify.yml, default timeouts", objs: []client.Object{class("c", "p"), roleProfile("p"), host("h1", ns, nil)}, roles: roles{},
+			wantStatus: metav1.ConditionFalse, wantReason: ReasonTimeoutsExceedRegistration, wantMsg: "install 10m + join 5m + verify 2m = 17m"},
 		{name: "bad selector operator", objs: []client.Object{scriptProfile("p", goodLeave), host("h1", ns, nil),
 			class("c", "p", selector(&metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Near"}}}))},
 			wantStatus: metav1.ConditionFalse, wantReason: ReasonSelectorError, wantMsg: "hostSelector"},

@@ -302,6 +302,17 @@ func TestNodeClassAgainstAPIServer(t *testing.T) {
 		waitReady(t, n("op-syntax"), metav1.ConditionFalse, v1beta1.ReasonProfileInvalid, "role broken_role: "+bad+" is not valid YAML")
 		waitEvent(t, n("op-syntax"), v1beta1.ReasonProfileInvalid, bad)
 
+		// valid YAML that ansible cannot load: its own parser's verdict
+		writeRole(t, opRoles, "ansible_broken")
+		loadErr := filepath.Join(opRoles, "ansible_broken", "tasks", "join.yml")
+		if err := os.WriteFile(loadErr, []byte("- name: two\n  ansible.builtin.command: /bin/true\n  ansible.builtin.shell: /bin/true\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		role(n("op-ansible"), "ansible_broken")
+		waitReady(t, n("op-ansible"), metav1.ConditionFalse, v1beta1.ReasonProfileInvalid,
+			"role ansible_broken: ansible cannot load it: conflicting action statements: ansible.builtin.command, ansible.builtin.shell ("+loadErr+":1:3)")
+		waitEvent(t, n("op-ansible"), v1beta1.ReasonProfileInvalid, loadErr)
+
 		// an operator role with a shipped role's name
 		writeRole(t, opRoles, "shipped_role")
 		waitReady(t, n("op-shipped"), metav1.ConditionFalse, v1beta1.ReasonProfileInvalid,
@@ -327,7 +338,11 @@ func TestNodeClassAgainstAPIServer(t *testing.T) {
 		if err := os.RemoveAll(filepath.Join(opRoles, "shipped_role")); err != nil {
 			t.Fatal(err)
 		}
+		if err := os.WriteFile(loadErr, []byte("- ansible.builtin.meta: noop\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		waitReady(t, n("op-syntax"), metav1.ConditionTrue, "Ready", "")
+		waitReady(t, n("op-ansible"), metav1.ConditionTrue, "Ready", "")
 		waitReady(t, n("op-shipped"), metav1.ConditionTrue, "Ready", "")
 	})
 

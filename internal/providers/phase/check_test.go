@@ -149,13 +149,13 @@ func phaseNames(ps []engine.Phase) []string {
 
 // A check is not a phase: it leaves kpssh_instance_phase_duration_seconds alone.
 func TestCheckRecordsNoPhaseMetric(t *testing.T) {
-	before := samples(t, "install", "Succeeded")
+	before := samples(t, "install", "Succeeded", "")
 	r, _ := runner(t, &fakeEngine{}, nil)
 	r.Engine = &scriptedEngine{}
 	if d := r.Check(context.Background(), host("SHA256:x"), roleProfile(), engine.Context{}, nil); d.Result != v1beta1.DriftInSync {
 		t.Fatalf("%+v", d)
 	}
-	if after := samples(t, "install", "Succeeded"); after != before {
+	if after := samples(t, "install", "Succeeded", ""); after != before {
 		t.Fatalf("phase histogram count %d → %d after a check", before, after)
 	}
 }

@@ -8,16 +8,18 @@ import (
 	"github.com/dklesev/kpssh/internal/engine"
 )
 
-// PhaseDuration is kpssh_instance_phase_duration_seconds{phase,outcome}:
+// PhaseDuration is kpssh_instance_phase_duration_seconds{phase,outcome,profile}:
 // every phase run on a host, whatever the caller (create, delete, zombie
-// guard). Outcome is the engine's (Succeeded, Failed, TimedOut, ConfigError, Rejected).
+// guard). Outcome is the engine's (Succeeded, Failed, TimedOut, ConfigError,
+// Rejected); profile the SSHJoinProfile's name (bounded by the profiles;
+// leave without one uses its fallback's, kpssh-fallback-leave).
 var PhaseDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 	Namespace: "kpssh",
 	Subsystem: "instance",
 	Name:      "phase_duration_seconds",
-	Help:      "Duration of join-profile phases run on hosts, by phase and outcome.",
+	Help:      "Duration of join-profile phases run on hosts, by phase, outcome and join profile.",
 	Buckets:   []float64{0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 900},
-}, []string{"phase", "outcome"})
+}, []string{"phase", "outcome", "profile"})
 
 // ShimRejections is kpssh_instance_shim_rejections_total{phase,reason}:
 // phases a Verified host's shim refused (reason: SignatureRejected,

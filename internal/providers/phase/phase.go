@@ -4,6 +4,8 @@
 // a PhaseFailed event, kpssh_instance_phase_duration_seconds). It is the
 // only place where the API types meet the engine; the cloud provider calls
 // it and knows nothing of playbooks, and the engine knows nothing of hosts.
+// While a phase runs, each task that ends is logged (V(1)) and a claimed
+// host's lastPhase shows the phase Running at its current task (progress.go).
 package phase
 
 import (
@@ -13,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/karpenter/pkg/events"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
@@ -33,6 +36,14 @@ type Runner struct {
 	HostKey  func(ctx context.Context, conn engine.Connection, fingerprint string) (string, error)
 	Recorder events.Recorder
 	Now      func() time.Time
+	// Status, when set, shows a phase that runs longer than
+	// ProgressInterval in the claimed host's status.lastPhase (Running, the
+	// current task) until its end is recorded (*pool.Pool).
+	Status StatusWriter
+	// ProgressInterval paces those writes (0: DefaultProgressInterval).
+	ProgressInterval time.Duration
+	// Clock times them (nil: the real clock).
+	Clock clock.Clock
 }
 
 // New returns a Runner with the default host-key fetcher and clock.
@@ -103,11 +114,14 @@ func Request(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, con
 // failure is an Outcome (ConfigError when nothing reached the host).
 func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) Outcome {
 	start := r.Now()
-	res := r.run(ctx, h, p, ph, c, redact, false)
+	pr := r.newProgress(ctx, h, ph, start)
+	res := r.run(ctx, h, p, ph, c, redact, pr.observe, false)
+	// Before the outcome goes back: the caller's lastPhase write is the last.
+	pr.stop()
 	if res.Duration == 0 {
 		res.Duration = r.Now().Sub(start)
 	}
-	PhaseDuration.WithLabelValues(string(ph), string(res.Outcome)).Observe(res.Duration.Seconds())
+	PhaseDuration.WithLabelValues(string(ph), string(res.Outcome), profileName(p)).Observe(res.Duration.Seconds())
 	o := Outcome{Result: res, LastPhase: Record(ph, res, start)}
 	if o.ShimRefused() {
 		ShimRejections.WithLabelValues(string(ph), v1beta1.ShimRejectionReason(int32(res.RC))).Inc()
@@ -118,8 +132,9 @@ func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 	return o
 }
 
-// run runs one phase; check: in check mode, as a fresh run (no run key).
-func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string, check bool) engine.Result {
+// run runs one phase (progress, when set, sees its tasks); check: in check
+// mode, as a fresh run (no run key).
+func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string, progress func(engine.TaskProgress), check bool) engine.Result {
 	if p == nil {
 		return configResult(fmt.Errorf("no join profile for %s", ph))
 	}
@@ -146,6 +161,7 @@ func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 	if !check {
 		req.Key = RunKey(h, ph)
 	}
+	req.Progress = progress
 	return r.Engine.Run(ctx, req)
 }
 
@@ -162,6 +178,15 @@ func RunKey(h *v1beta1.SSHHost, ph engine.Phase) string {
 		k += "/" + r.OperationID
 	}
 	return k
+}
+
+// profileName is the profile label of the phase histogram: bounded by the
+// cluster's SSHJoinProfiles (and leave's fallback).
+func profileName(p *v1beta1.SSHJoinProfile) string {
+	if p == nil {
+		return ""
+	}
+	return p.Name
 }
 
 func configResult(err error) engine.Result {

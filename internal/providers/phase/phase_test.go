@@ -144,22 +144,27 @@ func TestSummaryAndRecordBounds(t *testing.T) {
 	}
 }
 
-func samples(t *testing.T, ph, outcome string) uint64 {
+func samples(t *testing.T, ph, outcome, profile string) uint64 {
 	t.Helper()
 	m := &dto.Metric{}
-	if err := PhaseDuration.WithLabelValues(ph, outcome).(prometheus.Histogram).Write(m); err != nil {
+	if err := PhaseDuration.WithLabelValues(ph, outcome, profile).(prometheus.Histogram).Write(m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetHistogram().GetSampleCount()
 }
 
+// kpssh_instance_phase_duration_seconds{phase,outcome,profile}: the run's
+// profile by name, and nothing else (another profile's series is untouched).
 func TestPhaseDurationMetric(t *testing.T) {
 	e := &fakeEngine{res: engine.Result{Outcome: engine.Failed, Duration: 2 * time.Second}}
 	r, _ := runner(t, e, nil)
-	before := samples(t, "install", "Failed")
+	before, other := samples(t, "install", "Failed", "p"), samples(t, "install", "Failed", "other")
 	r.Run(context.Background(), host("SHA256:x"), testProfile(), engine.PhaseInstall, engine.Context{}, nil)
-	if got := samples(t, "install", "Failed"); got != before+1 {
-		t.Fatalf("kpssh_instance_phase_duration_seconds{install,Failed} samples %d → %d", before, got)
+	if got := samples(t, "install", "Failed", "p"); got != before+1 {
+		t.Fatalf("kpssh_instance_phase_duration_seconds{install,Failed,p} samples %d → %d", before, got)
+	}
+	if got := samples(t, "install", "Failed", "other"); got != other {
+		t.Fatalf("another profile's series moved: %d → %d", other, got)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	controllerruntime "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -141,7 +142,7 @@ func claimToNode(_ context.Context, o client.Object) []reconcile.Request {
 func (c *Controller) classToNodes(ctx context.Context, o client.Object) []reconcile.Request {
 	list := &karpv1.NodeClaimList{}
 	if err := c.Client.List(ctx, list, client.MatchingFields{claimIndex: "class/" + o.GetName()}); err != nil {
-		log.FromContext(ctx).Error(err, "listing NodeClaims of SSHNodeClass", "sshnodeclass", o.GetName())
+		log.FromContext(ctx).Error(err, "listing NodeClaims of SSHNodeClass", "SSHNodeClass", klog.KObj(o))
 		return nil
 	}
 	var out []reconcile.Request
@@ -157,7 +158,7 @@ func (c *Controller) classToNodes(ctx context.Context, o client.Object) []reconc
 		// Not linked by Karpenter yet: Reconcile finds the claim by providerID, so must we.
 		nodes := &corev1.NodeList{}
 		if err := c.Client.List(ctx, nodes, client.MatchingFields{nodePIDIndex: nc.Status.ProviderID}); err != nil {
-			log.FromContext(ctx).Error(err, "listing Nodes by providerID", "sshnodeclass", o.GetName())
+			log.FromContext(ctx).Error(err, "listing Nodes by providerID", "SSHNodeClass", klog.KObj(o))
 			continue
 		}
 		for j := range nodes.Items {
@@ -182,7 +183,6 @@ func (c *Controller) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if node.Labels[karpv1.NodeRegisteredLabelKey] != "true" {
 		return reconcile.Result{}, nil
 	}
-	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("node", node.Name))
 	class, err := c.classOf(ctx, node)
 	if err != nil || class == nil {
 		return reconcile.Result{}, err

@@ -3,7 +3,7 @@
 """Pre-warmed ansible-playbook for the kpssh engine (started by the engine,
 never by hand).
 
-    python3 kpssh_runner.py [--cold] [--slow-exit] ANSIBLE_PLAYBOOK RUN_DIR
+    python3 kpssh_runner.py [--cold] [--slow-exit] [--no-prebuild] ANSIBLE_PLAYBOOK RUN_DIR
 
 First of all, when the engine asks for it (KPSSH_SANDBOX=1), it applies the
 run sandbox to itself (kpssh_sandbox.py, Landlock: the run sees only the
@@ -22,7 +22,10 @@ ansible reads while it is imported). It
    table, the connection/shell/become/callback plugins): the part of a run
    that does not depend on the run;
 2. writes ``R`` to fd 3 and closes it (ready);
-3. blocks on stdin. The engine writes the run's request (JSON: ``argv``,
+3. builds the AnsiballZ payloads of the modules the shipped roles use
+   (PREBUILD) into ansible's module cache in RUN_DIR, one by one, until the
+   request is there (``--no-prebuild``: not, for the engine's benchmark);
+   then blocks on stdin. The engine writes the run's request (JSON: ``argv``,
    the arguments, paths only: never a secret; ``tcp``, the ports the run
    may connect to — a second sandbox layer, applied now) and closes stdin. Stdin closed with
    nothing on it means "not needed": exit 0;
@@ -52,9 +55,11 @@ import gc
 import json
 import os
 import runpy
+import select
 import shutil
 import signal
 import sys
+import warnings
 
 import kpssh_sandbox as _sandbox
 
@@ -155,7 +160,17 @@ def _warm():
     import ansible.playbook.handler_task_include  # noqa: F401
     import multiprocessing.popen_fork  # noqa: F401
     from ansible.plugins.loader import (action_loader, become_loader, callback_loader, connection_loader,
-                                        inventory_loader, shell_loader, strategy_loader, vars_loader)
+                                        init_plugin_loader, inventory_loader, shell_loader, strategy_loader,
+                                        vars_loader)
+
+    # ansible-core >= 2.15 installs the collection finder in CLI.run, not
+    # at import: without it no ansible_collections.* plugin (our callback,
+    # our action plugin, ansible.builtin's routing) can load here. The run's
+    # CLI.run makes the same call with the same paths (ansible-playbook has
+    # no --collections-path; ansible.cfg is the run's) and finds the finder
+    # in place; its "already configured" warning is expected, not shown.
+    warnings.filterwarnings('ignore', message='AnsibleCollectionFinder has already been configured')
+    init_plugin_loader()
 
     # The same calls PlaybookExecutor.run, TaskQueueManager.load_callbacks and
     # the vars manager make on every run: plugin modules end up in
@@ -175,6 +190,51 @@ def _warm():
     # the cyclic collector's work during the run.
     gc.collect()
     gc.freeze()
+
+
+# The modules whose AnsiballZ payloads an idle runner builds, most used
+# first: the shipped roles' module tasks (TestPrebuiltModules keeps the
+# list in step with them). Building a payload (the module_utils scan and
+# the zip) costs the controller 0.1-0.7 s per module and run; ansible caches
+# it in the run's local temp dir, which is this process's: built here, the
+# run's workers only load it.
+PREBUILD = (
+    'dklesev.kpssh.host_state', 'dklesev.kpssh.files', 'dklesev.kpssh.units',
+    'ansible.builtin.command', 'ansible.builtin.systemd_service', 'ansible.builtin.file',
+    'ansible.builtin.stat', 'ansible.builtin.copy', 'ansible.builtin.get_url', 'ansible.builtin.uri',
+    'ansible.builtin.slurp', 'ansible.builtin.apt', 'ansible.builtin.user',
+)
+
+
+def _request_waiting():
+    return bool(select.select([0], [], [], 0)[0])
+
+
+def _prebuild(names, stop):
+    """Builds the payloads of names into ansible's module cache, one by
+    one, until stop() says the run's request is there (the run builds what
+    is missing itself). A failure leaves that module to the run."""
+    from ansible import constants as C
+    from ansible.executor import module_common
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import module_loader
+    from ansible.template import Templar
+
+    templar = Templar(loader=DataLoader())
+    # the interpreter only makes the shebang, which is not in the cache
+    task_vars = {'ansible_python_interpreter': '/usr/bin/python3'}
+    compression = C.config.get_config_value('DEFAULT_MODULE_COMPRESSION')
+    for name in names:
+        if stop():
+            return
+        try:
+            ctx = module_loader.find_plugin_with_context(name)
+            if ctx.resolved:
+                module_common.modify_module(module_name=ctx.plugin_resolved_name, module_path=ctx.plugin_resolved_path,
+                                            module_args={}, templar=templar, task_vars=task_vars,
+                                            module_compression=compression)
+        except Exception:
+            pass
 
 
 def _read_request():
@@ -254,8 +314,11 @@ def main():
     slow_exit = argv[:1] == ['--slow-exit']
     if slow_exit:
         argv = argv[1:]
+    prebuild = argv[:1] != ['--no-prebuild']
+    if not prebuild:
+        argv = argv[1:]
     if len(argv) != 2:
-        _fail('usage: kpssh_runner.py [--cold] [--slow-exit] ANSIBLE_PLAYBOOK RUN_DIR')
+        _fail('usage: kpssh_runner.py [--cold] [--slow-exit] [--no-prebuild] ANSIBLE_PLAYBOOK RUN_DIR')
     playbook_bin, run_dir = argv
     if os.path.realpath(os.getcwd()) != os.path.realpath(run_dir):
         _fail('not started in its run directory')
@@ -284,6 +347,10 @@ def main():
             os.close(READY_FD)
         except OSError:
             pass  # nobody waits for readiness
+        # after the ready report: a run that comes early waits for one
+        # module's build at most, never for the list
+        if prebuild:
+            _prebuild(PREBUILD, _request_waiting)
 
     req = _read_request()
     if req is None:
