@@ -266,6 +266,13 @@ func crdCases() []crdCase {
 			wantErr: "observedNodeAddress must be an IP address"},
 		{name: "status observedNodeAddress IPv6", kind: host, statusPatch: `status: {observedNodeAddress: "2001:db8::7"}`},
 		{name: "status claimRef needs uid", kind: host, statusPatch: `status: {claimRef: {name: nc-1}}`, wantErr: "status.claimRef.uid"},
+		{name: "status hostDrift recorded", kind: host,
+			statusPatch: `status: {hostDrift: {claimUID: u1, lastCheckTime: "2026-12-03T10:00:00Z", lastResult: Drifted, checks: 3, changedTasks: ["join: Write the kubelet configuration"]}}`},
+		{name: "status hostDrift result enum", kind: host,
+			statusPatch: `status: {hostDrift: {claimUID: u1, lastCheckTime: "2026-12-03T10:00:00Z", lastResult: Maybe}}`, wantErr: "status.hostDrift.lastResult"},
+		{name: "status hostDrift 17 changed tasks", kind: host,
+			statusPatch: `status: {hostDrift: {claimUID: u1, lastCheckTime: "2026-12-03T10:00:00Z", lastResult: Drifted, changedTasks: [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, q]}}`,
+			wantErr:     "status.hostDrift.changedTasks"},
 
 		// ---- SSHNodeClass
 		{name: "minimal node class gets defaults", kind: nc, check: expectFields(map[string]any{
@@ -306,6 +313,16 @@ func crdCases() []crdCase {
 		{name: "startup gate with both", kind: nc, patch: `spec: {startupTaintGates: [{taintKey: k, removeWhen: {nodeCondition: {type: A, status: "True"}, podsReady: {namespace: ns, selector: {}}}}]}`, wantErr: "removeWhen needs exactly one"},
 		{name: "startup gate with neither", kind: nc, patch: `spec: {startupTaintGates: [{taintKey: k, removeWhen: {}}]}`, wantErr: "removeWhen needs exactly one"},
 		{name: "startup gate status enum", kind: nc, patch: `spec: {startupTaintGates: [{taintKey: k, removeWhen: {nodeCondition: {type: A, status: Maybe}}}]}`, wantErr: "status"},
+		{name: "hostDrift off by default", kind: nc, check: expectFields(map[string]any{"spec.hostDrift": nil})},
+		{name: "hostDrift interval 10m", kind: nc, patch: `spec: {hostDrift: {interval: 10m}}`},
+		{name: "hostDrift interval 1h30m", kind: nc, patch: `spec: {hostDrift: {interval: 1h30m}}`},
+		{name: "hostDrift interval 10s (the minimum)", kind: nc, patch: `spec: {hostDrift: {interval: 10s}}`},
+		{name: "hostDrift interval 9s", kind: nc, patch: `spec: {hostDrift: {interval: 9s}}`, wantErr: "hostDrift.interval must be at least 10s"},
+		{name: "hostDrift interval 0s", kind: nc, patch: `spec: {hostDrift: {interval: 0s}}`, wantErr: "hostDrift.interval must be at least 10s"},
+		{name: "hostDrift interval 1.5h", kind: nc, patch: `spec: {hostDrift: {interval: 1.5h}}`, wantErr: "spec.hostDrift.interval"},
+		{name: "hostDrift interval 500ms", kind: nc, patch: `spec: {hostDrift: {interval: 500ms}}`, wantErr: "spec.hostDrift.interval"},
+		{name: "hostDrift interval missing", kind: nc, patch: `spec: {hostDrift: {}}`, wantErr: "spec.hostDrift.interval: Required"},
+		{name: "hostDrift interval over 32 chars", kind: nc, mut: setSpec("hostDrift", map[string]any{"interval": strings.Repeat("1", 32) + "s"}), wantErr: "spec.hostDrift.interval"},
 
 		// ---- SSHJoinProfile
 		{name: "minimal profile gets defaults", kind: prof, check: expectFields(map[string]any{
@@ -348,6 +365,9 @@ func crdCases() []crdCase {
 		{name: "verify signature over 16 KiB", kind: prof, mut: setSpec("signatures", map[string]any{"verify": repeat(16*1024 + 1)}), wantErr: "spec.signatures.verify"},
 		{name: "host lastPhase verify", kind: host, statusPatch: `status: {lastPhase: {phase: verify, result: Failed, failedTask: "kubelet healthz answers ok", startedAt: "2026-11-29T10:00:00Z"}, verify: {claimUID: u, result: Failed, at: "2026-11-29T10:00:01Z"}}`},
 		{name: "host status verify result enum", kind: host, statusPatch: `status: {verify: {claimUID: u, result: Maybe, at: "2026-01-01T00:00:00Z"}}`, wantErr: "status.verify.result"},
+		{name: "scripts check", kind: prof, patch: `spec: {scripts: {check: "test -f /etc/kpssh || exit 1"}, timeouts: {check: 90s}, signatures: {check: x}}`},
+		{name: "scripts check over 256 KiB", kind: prof, mut: func(m map[string]any) { spec(m)["scripts"].(map[string]any)["check"] = repeat(256*1024 + 1) }, wantErr: "spec.scripts.check"},
+		{name: "timeout check 1.5m", kind: prof, patch: `spec: {timeouts: {check: 1.5m}}`, wantErr: "spec.timeouts.check"},
 	}
 }
 

@@ -22,6 +22,11 @@ const (
 	// AnnotationNodeClassHash and AnnotationNodeClassHashVersion are stamped on NodeClaims for drift.
 	AnnotationNodeClassHash        = Group + "/nodeclass-hash"
 	AnnotationNodeClassHashVersion = Group + "/nodeclass-hash-version"
+	// AnnotationHostDrift is set on a NodeClaim when its host's drift
+	// verdict changes ("true": drifted, "false": in sync): the change wakes
+	// Karpenter's drift check of the NodeClaim, which else looks every 5
+	// minutes.
+	AnnotationHostDrift = Group + "/host-drift"
 	// TerminationFinalizer holds an SSHNodeClass while NodeClaims reference it.
 	TerminationFinalizer = Group + "/termination"
 	// DefaultPoolNamespace is where SSHHosts and their key Secrets live.

@@ -286,6 +286,11 @@ type SSHHostStatus struct {
 	// ends the claim. Cleared on release.
 	// +optional
 	Verify *HostVerify `json:"verify,omitempty"`
+	// HostDrift is the last drift check of this joined host (node class
+	// spec.hostDrift), under the claim it names. Condition HostDrift is
+	// True while the last conclusive check found drift.
+	// +optional
+	HostDrift *HostDriftStatus `json:"hostDrift,omitempty"`
 }
 
 // VerifyResult is how the verify phase of a claim ended.
@@ -395,6 +400,131 @@ func (h *SSHHost) SetReboot(r *HostReboot, now metav1.Time) {
 		cond.Message = "reboot " + r.OperationID + " failed: " + r.Message
 	case RebootLost:
 		cond.Message = "the host did not come back from reboot " + r.OperationID + ": " + r.Message
+	}
+	h.setCondition(cond)
+}
+
+// HostDriftResult is how one drift check ended.
+// +kubebuilder:validation:Enum=InSync;Drifted;Unreachable;Failed;Unsupported
+type HostDriftResult string
+
+const (
+	// DriftInSync: nothing would change.
+	DriftInSync HostDriftResult = "InSync"
+	// DriftDrifted: a task would change the host (role, tasks), or the
+	// check script exited 1.
+	DriftDrifted HostDriftResult = "Drifted"
+	// DriftUnreachable: the host could not be reached; not drift.
+	DriftUnreachable HostDriftResult = "Unreachable"
+	// DriftFailed: the check could not decide (a task failed in check
+	// mode, a timeout, a check script exiting other than 0 or 1, a config
+	// error); not drift.
+	DriftFailed HostDriftResult = "Failed"
+	// DriftUnsupported: the profile cannot be checked (a script profile
+	// without scripts.check).
+	DriftUnsupported HostDriftResult = "Unsupported"
+)
+
+// Conclusive reports whether r decides drift (InSync or Drifted).
+func (r HostDriftResult) Conclusive() bool { return r == DriftInSync || r == DriftDrifted }
+
+// HostDriftStatus records the drift checks of one claim.
+type HostDriftStatus struct {
+	// ClaimUID is the claim the checks ran under: a record of another
+	// claim means nothing.
+	ClaimUID types.UID `json:"claimUID"`
+	// LastCheckTime is when the last check ended, whatever its result.
+	LastCheckTime metav1.Time `json:"lastCheckTime"`
+	// LastResult is the last check's result.
+	LastResult HostDriftResult `json:"lastResult"`
+	// Checks counts the checks run under this claim.
+	// +optional
+	Checks int32 `json:"checks,omitempty"`
+	// ChangedTasks are the tasks that would change the host, from the
+	// last check that found drift (kept while later checks cannot decide).
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +optional
+	ChangedTasks []string `json:"changedTasks,omitempty"`
+	// Message is the redacted reason of the last check that could not
+	// decide (Unreachable, Failed, Unsupported).
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// ConditionHostDrift is True while the last conclusive drift check of the
+// current claim found drift (its message: the changed tasks and their
+// redacted diffs), False when it found none, Unknown while no check could
+// decide. IsDrifted reports HostDrift for a True one.
+const ConditionHostDrift = "HostDrift"
+
+// Reasons of the HostDrift condition.
+const (
+	ReasonDriftDetected   = "DriftDetected"
+	ReasonInSync          = "InSync"
+	ReasonDriftUnknown    = "CheckInconclusive"
+	ReasonDriftNoCheck    = "CheckUnsupported"
+	maxDriftConditionText = 8192
+)
+
+// HostDrifted reports whether the HostDrift condition is True for the
+// host's current claim.
+func (h *SSHHost) HostDrifted() bool {
+	d := h.Status.HostDrift
+	if d == nil || h.Status.ClaimRef == nil || d.ClaimUID != h.Status.ClaimRef.UID {
+		return false
+	}
+	for _, c := range h.Status.Conditions {
+		if c.Type == ConditionHostDrift {
+			return c.Status == metav1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// SetHostDrift records a check (nil clears the record and the condition).
+// message is the condition's text for a Drifted result (the changed tasks
+// and their redacted diffs; cut to 8 KiB). A result that cannot decide
+// keeps the condition of the last conclusive check of the same claim, and
+// its changed tasks.
+func (h *SSHHost) SetHostDrift(d *HostDriftStatus, message string, now metav1.Time) {
+	prev := h.Status.HostDrift
+	h.Status.HostDrift = d
+	if d == nil {
+		h.removeCondition(ConditionHostDrift)
+		return
+	}
+	sameClaim := prev != nil && prev.ClaimUID == d.ClaimUID
+	if !d.LastResult.Conclusive() && sameClaim {
+		if d.ChangedTasks == nil {
+			d.ChangedTasks = prev.ChangedTasks
+		}
+		for _, c := range h.Status.Conditions {
+			if c.Type == ConditionHostDrift && c.Status != metav1.ConditionUnknown {
+				return // the last verdict stands
+			}
+		}
+	}
+	cond := status.Condition{Type: ConditionHostDrift, ObservedGeneration: h.Generation, LastTransitionTime: now}
+	switch d.LastResult {
+	case DriftDrifted:
+		cond.Status, cond.Reason = metav1.ConditionTrue, ReasonDriftDetected
+		cond.Message = message
+	case DriftInSync:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, ReasonInSync, "the last check found nothing that would change"
+	case DriftUnsupported:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionUnknown, ReasonDriftNoCheck, d.Message
+	default:
+		cond.Status, cond.Reason = metav1.ConditionUnknown, ReasonDriftUnknown
+		cond.Message = "the last check could not decide (" + string(d.LastResult) + "): " + d.Message
+	}
+	if len(cond.Message) > maxDriftConditionText {
+		cut := maxDriftConditionText - len(" …")
+		for cut > 0 && cond.Message[cut]&0xC0 == 0x80 {
+			cut--
+		}
+		cond.Message = cond.Message[:cut] + " …"
 	}
 	h.setCondition(cond)
 }

@@ -70,6 +70,13 @@ type ProfileScripts struct {
 	// registration does not wait.
 	// +optional
 	Verify Script `json:"verify,omitempty"`
+	// Check is the drift check of a joined host (node class hostDrift):
+	// exit 0 when the host is what install and join would leave, 1 when it
+	// drifted (its output says how), anything else when it cannot tell. It
+	// gets install's context (no bootstrap token) and must change nothing.
+	// Absent, a script profile's hosts are not checked.
+	// +optional
+	Check Script `json:"check,omitempty"`
 }
 
 // AnsibleSource is either a role in the runner's roles path or inline task lists.
@@ -127,6 +134,10 @@ type PhaseTimeouts struct {
 	// +kubebuilder:default="2m"
 	// +optional
 	Verify Duration `json:"verify,omitempty"`
+	// Check bounds scripts.check (default 2m); the check mode runs of role
+	// and task profiles are bounded by install's and join's.
+	// +optional
+	Check Duration `json:"check,omitempty"`
 }
 
 // ProfileSignatures holds one armored SSHSIG per script.
@@ -145,6 +156,9 @@ type ProfileSignatures struct {
 	// Verify signs scripts.verify.
 	// +optional
 	Verify Signature `json:"verify,omitempty"`
+	// Check signs scripts.check.
+	// +optional
+	Check Signature `json:"check,omitempty"`
 }
 
 // SSHJoinProfile says how a host becomes a node.

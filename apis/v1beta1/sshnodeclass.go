@@ -71,6 +71,22 @@ type SSHNodeClassSpec struct {
 	// +listType=atomic
 	// +optional
 	StartupTaintGates []StartupTaintGate `json:"startupTaintGates,omitempty"`
+	// HostDrift, when set, checks joined (InUse) hosts every interval for
+	// drift from what the profile would do: role and task profiles run
+	// install and join in Ansible check mode (--check --diff), script
+	// profiles their scripts.check. A host that would change reports
+	// HostDrift and Karpenter replaces its node. Unset: no checks. Not a
+	// join input: editing it rolls no node.
+	// +optional
+	HostDrift *HostDriftSpec `json:"hostDrift,omitempty"`
+}
+
+// HostDriftSpec configures the periodic drift check of joined hosts.
+type HostDriftSpec struct {
+	// Interval between two checks of a host (at least 10s; each check
+	// runs install and join in check mode on the host).
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s')",message="hostDrift.interval must be at least 10s"
+	Interval Duration `json:"interval"`
 }
 
 // ObjectReference names a cluster-scoped object.

@@ -323,7 +323,7 @@ func TestRender(t *testing.T) {
 			name:   "unprobed host: the instance-type label, no arch label",
 			objs:   world(testHost("h2", func(h *v1beta1.SSHHost) { h.Status.ObservedArch = "" })),
 			args:   []string{"h2", "join"},
-			out:    []string{"export KPSSH_NODE_LABELS='karpenter.dklesev.github.io/managed=true,node.kubernetes.io/instance-type=small'"},
+			out:    []string{"export KPSSH_NODE_LABELS='karpenter.dklesev.github.io/host-class=small,karpenter.dklesev.github.io/managed=true,node.kubernetes.io/instance-type=small'"},
 			notOut: []string{"kubernetes.io/arch"},
 		},
 		{

@@ -252,6 +252,8 @@ func setSignature(s *v1beta1.ProfileSignatures, ph engine.Phase, v string) {
 		s.Reboot = v1beta1.Signature(v)
 	case engine.PhaseVerify:
 		s.Verify = v1beta1.Signature(v)
+	case engine.PhaseCheck:
+		s.Check = v1beta1.Signature(v)
 	}
 }
 

@@ -39,9 +39,10 @@ const Name = "ssh"
 // DefaultAdoptTimeout bounds the wait for an Adopt-mode Node (seed: ≤ 4 min).
 const DefaultAdoptTimeout = 4 * time.Minute
 
-// Phases runs profile phases on hosts (*phase.Runner).
+// Phases runs profile phases, and drift checks, on hosts (*phase.Runner).
 type Phases interface {
 	Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) phase.Outcome
+	Check(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, c engine.Context, redact []string) phase.Drift
 }
 
 // CloudProvider implements Karpenter's cloudprovider.CloudProvider.
@@ -61,7 +62,7 @@ type CloudProvider struct {
 	// Repair: when node repair reboots and when it replaces.
 	Repair Repair
 
-	locks sync.Map // host name → *sync.Mutex
+	locks sync.Map // host name → *hostLock
 	// claimed (benchmarks) is called when a claim CAS is won.
 	claimed func(nodeClaim string)
 }

@@ -51,6 +51,10 @@ type fakePhases struct {
 	results map[engine.Phase]engine.Result
 	// during runs inside a phase (e.g. a concurrent release).
 	during func(ph engine.Phase)
+	// drift is what Check returns (InSync when unset); checking runs
+	// inside it with its context.
+	drift    phase.Drift
+	checking func(ctx context.Context)
 }
 
 func (f *fakePhases) Run(_ context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, _ []string) phase.Outcome {
@@ -65,6 +69,23 @@ func (f *fakePhases) Run(_ context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJo
 		res = engine.Result{Outcome: engine.Succeeded}
 	}
 	return phase.Outcome{Result: res, LastPhase: phase.Record(ph, res, time.Now())}
+}
+
+// checkCall is the phase a drift check records in calls.
+const checkCall engine.Phase = "drift-check"
+
+func (f *fakePhases) Check(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, c engine.Context, _ []string) phase.Drift {
+	f.mu.Lock()
+	f.calls = append(f.calls, call{Host: h.Name, Phase: checkCall, Ctx: c, Prof: p.Name})
+	d := f.drift
+	f.mu.Unlock()
+	if f.checking != nil {
+		f.checking(ctx)
+	}
+	if d.Result == "" {
+		d.Result = v1beta1.DriftInSync
+	}
+	return d
 }
 
 func (f *fakePhases) phases() []engine.Phase {
@@ -952,7 +973,7 @@ func TestNodeLabelsDropKubeletForbidden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := NodeLabels(nc, its[0])
+	got := NodeLabels(nc, its[0], "small")
 	for _, bad := range []string{"node-restriction.kubernetes.io/x", "kubernetes.io/custom"} {
 		if strings.Contains(got, bad) {
 			t.Errorf("%s passed to kubelet: %s", bad, got)

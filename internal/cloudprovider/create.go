@@ -268,11 +268,14 @@ func secretValues(m map[string]string) []string {
 }
 
 // NodeLabels is KPSSH_NODE_LABELS: the NodeClaim's labels plus the instance
-// type's single-valued ones (it may be nil), as `k=v,…` sorted, minus what a kubelet may not
-// set on itself (kubernetes.io/k8s.io labels outside the kubelet's allowed
-// set make kubelet refuse to start; Karpenter syncs those onto the Node) and
-// minus v1beta1.LabelHost (JoinContext adds it in Adopt mode).
-func NodeLabels(nodeClaim *karpv1.NodeClaim, it *cloudprovider.InstanceType) string {
+// type's single-valued ones (it may be nil) and the host class, as `k=v,…`
+// sorted, minus what a kubelet may not set on itself (kubernetes.io/k8s.io
+// labels outside the kubelet's allowed set make kubelet refuse to start;
+// Karpenter syncs those onto the Node) and minus v1beta1.LabelHost
+// (JoinContext adds it in Adopt mode). The launched NodeClaim carries every
+// label given here (hydrate), so the drift check, which computes them again
+// from it, passes the kubelet what the join passed.
+func NodeLabels(nodeClaim *karpv1.NodeClaim, it *cloudprovider.InstanceType, class string) string {
 	labels := map[string]string{}
 	for k, v := range singleValued(it) {
 		labels[k] = v
@@ -280,6 +283,7 @@ func NodeLabels(nodeClaim *karpv1.NodeClaim, it *cloudprovider.InstanceType) str
 	for k, v := range nodeClaim.Labels {
 		labels[k] = v
 	}
+	labels[v1beta1.LabelHostClass] = class // as hydrate sets it
 	// From the kubelet's first registration on: the chart keeps the
 	// controller off the nodes it manages (a leave would stop it).
 	labels[v1beta1.LabelManaged] = "true"

@@ -17,6 +17,9 @@ const NodeClassHashVersion = "v1"
 const (
 	ProfileDrift   cloudprovider.DriftReason = "ProfileDrift"
 	NodeClassDrift cloudprovider.DriftReason = "NodeClassDrift"
+	// HostDrift: the host's last conclusive drift check (node class
+	// hostDrift) found that install or join would change it.
+	HostDrift cloudprovider.DriftReason = "HostDrift"
 )
 
 // joinInputs are the SSHNodeClass fields that change what join does. The
@@ -47,17 +50,19 @@ func NodeClassHash(nc *v1beta1.SSHNodeClass) string {
 // Drifted decides drift for a joined host: ProfileDrift when the host's
 // install marker is not the profile's current <name>@<version>;
 // NodeClassDrift when the NodeClaim's stamped hash (same hash version)
-// differs from the node class's. Unstamped claims abstain.
+// differs from the node class's (unstamped claims abstain); HostDrift when
+// the node class checks its hosts (spec.hostDrift) and the host's last
+// conclusive check under its current claim found drift.
 func Drifted(h *v1beta1.SSHHost, profile *v1beta1.SSHJoinProfile, nc *v1beta1.SSHNodeClass, claimAnnotations map[string]string) cloudprovider.DriftReason {
 	if profile != nil && h.Status.InstalledProfile != "" && h.Status.InstalledProfile != profile.Marker() {
 		return ProfileDrift
 	}
 	stamped, ok := claimAnnotations[v1beta1.AnnotationNodeClassHash]
-	if !ok || claimAnnotations[v1beta1.AnnotationNodeClassHashVersion] != NodeClassHashVersion {
-		return ""
-	}
-	if stamped != NodeClassHash(nc) {
+	if ok && claimAnnotations[v1beta1.AnnotationNodeClassHashVersion] == NodeClassHashVersion && stamped != NodeClassHash(nc) {
 		return NodeClassDrift
+	}
+	if nc.Spec.HostDrift != nil && h.HostDrifted() {
+		return HostDrift
 	}
 	return ""
 }

@@ -118,11 +118,56 @@ func truncateMsg(s string) string {
 	return s
 }
 
-// lock serialises Create and Delete of the same host within this process
-// (a NodeClaim deleted mid-launch must not run leave beside join).
+// hostLock serialises what runs on one host within this process: Create,
+// Delete and Reboot (a NodeClaim deleted mid-launch must not run leave
+// beside join), and the drift check, which gives way to all of them.
+type hostLock struct {
+	mu sync.Mutex
+	// guarded by check:
+	check   sync.Mutex
+	waiting int                // phases waiting for mu
+	cancel  context.CancelFunc // of the drift check holding mu
+}
+
+func (c *CloudProvider) hostLock(host string) *hostLock {
+	v, _ := c.locks.LoadOrStore(host, &hostLock{})
+	return v.(*hostLock)
+}
+
+// lock takes the host for a phase: a drift check holding it is cancelled
+// (it is only a check; the phase decides the host's fate anyway).
 func (c *CloudProvider) lock(host string) func() {
-	v, _ := c.locks.LoadOrStore(host, &sync.Mutex{})
-	m := v.(*sync.Mutex)
-	m.Lock()
-	return m.Unlock
+	l := c.hostLock(host)
+	l.check.Lock()
+	l.waiting++
+	if l.cancel != nil {
+		l.cancel()
+	}
+	l.check.Unlock()
+	l.mu.Lock()
+	l.check.Lock()
+	l.waiting--
+	l.check.Unlock()
+	return l.mu.Unlock
+}
+
+// lockForCheck takes the host for a drift check unless a phase holds it or
+// waits for it (ok=false). The check runs under the returned context, which
+// a phase asking for the host cancels.
+func (c *CloudProvider) lockForCheck(ctx context.Context, host string) (context.Context, func(), bool) {
+	l := c.hostLock(host)
+	l.check.Lock()
+	defer l.check.Unlock()
+	if l.waiting > 0 || !l.mu.TryLock() {
+		return nil, nil, false
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	l.cancel = cancel
+	return cctx, func() {
+		l.check.Lock()
+		l.cancel = nil
+		l.check.Unlock()
+		cancel()
+		l.mu.Unlock()
+	}, true
 }

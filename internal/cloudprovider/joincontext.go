@@ -33,7 +33,7 @@ func JoinContext(h *v1beta1.SSHHost, nc *v1beta1.SSHNodeClass, prof *v1beta1.SSH
 		NodeName:        h.Name,
 		HostAddress:     h.Spec.Address,
 		NodeAddress:     NodeAddress(h),
-		NodeLabels:      NodeLabels(nodeClaim, it),
+		NodeLabels:      NodeLabels(nodeClaim, it, h.Class()),
 		Taints:          Taints(nodeClaim),
 		Vars:            profile.Vars(prof, nc),
 		Secrets:         secrets,

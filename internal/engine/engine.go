@@ -35,6 +35,10 @@ const (
 	// PhaseVerify checks a joined host before its NodeClaim registers; it
 	// gets install's context (no bootstrap token).
 	PhaseVerify Phase = "verify"
+	// PhaseCheck is a script profile's drift check of a joined host
+	// (scripts.check): exit 0 in sync, 1 drifted. It gets install's
+	// context.
+	PhaseCheck Phase = "check"
 )
 
 // Phases are all phases, in a join profile's order; lists over phases
@@ -43,6 +47,7 @@ const (
 var Phases = []Phase{
 	PhaseInstall, PhaseJoin, PhaseLeave, PhaseUninstall, PhaseReboot,
 	PhaseVerify,
+	PhaseCheck,
 }
 
 // PhaseNames lists the phases for messages: "install, join, …, verify".
@@ -152,6 +157,12 @@ type Request struct {
 	// Redact lists extra values to scrub from everything returned (values
 	// shorter than MinRedactLen are ignored).
 	Redact []string
+	// Check runs the phase in Ansible's check mode with diffs
+	// (--check --diff): nothing is changed on the host, and Result.Changes
+	// lists what would be. Role and task sources, install and join only. A
+	// check-mode join gets CheckModeToken as its bootstrap token, whatever
+	// Context holds: no real token is needed or shipped.
+	Check bool
 	// Key names this run for executors whose runs outlive their caller
 	// (executor job): the same key is the same run, so a restarted caller
 	// re-attaches instead of starting it twice. Opaque to the engine and
@@ -204,7 +215,33 @@ type Result struct {
 	// AnsibleVersion is the ansible-core version that ran the playbook
 	// (empty when it never started).
 	AnsibleVersion string
+	// Changes are the profile's tasks that reported a change (in check
+	// mode: would change), in order, at most MaxChanges; the engine's own
+	// tasks are not listed. Redacted.
+	Changes []Change
 }
+
+// Change is a task that changed (or in check mode would change) the host.
+type Change struct {
+	Task string
+	// Diff is the task's diff (check mode runs with --diff), redacted and
+	// at most MaxDiff bytes (its tail); empty when the module gives none.
+	Diff string
+	// Censored: the task is no_log, its diff is not shown.
+	Censored bool
+}
+
+// Bounds of Result.Changes.
+const (
+	MaxChanges = 32
+	MaxDiff    = 2048
+)
+
+// CheckModeToken is the bootstrap token a check-mode join gets: the shape
+// of a token (<6>.<16> of [a-z0-9]), so a role's checks pass, but no
+// cluster knows it. A role must not compare the file it writes the token
+// to in check mode (ansible_check_mode), or every check reports drift.
+const CheckModeToken = "kpssh0.checkmode0000000"
 
 // Engine runs phases.
 type Engine interface {

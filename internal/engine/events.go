@@ -29,7 +29,10 @@ type Event struct {
 	Stderr          string `json:"stderr,omitempty"`
 	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
 	Exception       string `json:"exception,omitempty"`
-	Hosts           int    `json:"hosts,omitempty"`
+	// Diff (ok events of changed tasks, with --diff) is the task's rendered diff.
+	Diff          string `json:"diff,omitempty"`
+	DiffTruncated bool   `json:"diff_truncated,omitempty"`
+	Hosts         int    `json:"hosts,omitempty"`
 	// AnsibleVersion (start) is the ansible-core version that runs the playbook.
 	AnsibleVersion string `json:"ansible_version,omitempty"`
 	Totals         *Stats `json:"totals,omitempty"`
@@ -86,9 +89,12 @@ type Summary struct {
 	Failed      *Event
 	Unreachable *Event
 	Stats       *Stats
-	OKs         int
-	Events      int
-	Ignored     int // lines that were not events
+	// Changed are the ok events of the profile's changed tasks (not the
+	// engine's own), at most MaxChanges.
+	Changed []Event
+	OKs     int
+	Events  int
+	Ignored int // lines that were not events
 }
 
 // Add folds one event into the summary.
@@ -105,6 +111,9 @@ func (s *Summary) Add(ev Event) {
 	case "ok":
 		s.OKs++
 		s.Reached = true
+		if ev.Changed && ev.Internal == "" && len(s.Changed) < MaxChanges {
+			s.Changed = append(s.Changed, ev)
+		}
 	case "failed":
 		s.Reached = true
 		if !ev.IgnoreErrors && s.Failed == nil {

@@ -163,6 +163,39 @@ func (r *Redactor) RedactTail(s string, truncated bool) string {
 	return r.Redact(s)
 }
 
+// RedactHead redacts the start of some longer output (a diff, kept from
+// its start): when it was cut (truncated), a secret may straddle the cut at
+// its very end, so the last longest-secret bytes are dropped (back to the
+// previous newline when that is close), then the rest is redacted.
+func (r *Redactor) RedactHead(s string, truncated bool) string {
+	if truncated && r != nil && r.longest > 0 && s != "" {
+		end := len(s) - r.longest
+		if end < 0 {
+			end = 0
+		}
+		if nl := strings.LastIndexByte(s[:end], '\n'); nl >= 0 && nl > end-256 {
+			end = nl + 1
+		}
+		for end > 0 && !utf8.RuneStart(s[end]) {
+			end--
+		}
+		s = s[:end] + "…"
+	}
+	return r.Redact(s)
+}
+
+// headString keeps the first n bytes of s (on a rune boundary) and reports
+// whether anything was dropped.
+func headString(s string, n int) (string, bool) {
+	if len(s) <= n {
+		return s, false
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n], true
+}
+
 // tailString keeps the last n bytes of s (on a rune boundary) and reports
 // whether anything was dropped.
 func tailString(s string, n int) (string, bool) {

@@ -183,6 +183,9 @@ func build(req Request, rc renderConfig) (*bundle, error) {
 	if !req.Phase.Valid() {
 		return nil, fmt.Errorf("unknown phase %q (want %s)", req.Phase, PhaseNames())
 	}
+	if err := checkModeAllowed(req); err != nil {
+		return nil, err
+	}
 	if err := validate(req.Phase, req.Source, !rc.noTaskCheck); err != nil {
 		return nil, err
 	}
@@ -191,6 +194,9 @@ func build(req Request, rc renderConfig) (*bundle, error) {
 		return nil, err
 	}
 	ctx := phaseContext(req.Phase, req.Context)
+	if req.Check && req.Phase == PhaseJoin {
+		ctx.BootstrapToken = CheckModeToken
+	}
 	if err := checkContext(ctx); err != nil {
 		return nil, err
 	}
@@ -243,6 +249,22 @@ func build(req Request, rc renderConfig) (*bundle, error) {
 }
 
 func (rc renderConfig) path(name string) string { return rc.dir + "/" + name }
+
+// checkModeAllowed: check mode is for the drift check of role and task
+// profiles, whose modules know check mode; a script cannot be run without
+// running it (a script profile's drift check is its own check phase).
+func checkModeAllowed(req Request) error {
+	if !req.Check {
+		return nil
+	}
+	if k := sourceKind(req.Source); k != kindRole && k != kindTasks {
+		return fmt.Errorf("check mode runs role and task profiles only (a script profile checks drift with its scripts.check)")
+	}
+	if req.Phase != PhaseInstall && req.Phase != PhaseJoin {
+		return fmt.Errorf("check mode runs install and join only, not %s", req.Phase)
+	}
+	return nil
+}
 
 // ansibleConfig is the run's ansible.cfg: nothing from /etc/ansible or the
 // controller's home is read (ANSIBLE_CONFIG points here, HOME is the run

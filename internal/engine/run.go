@@ -367,7 +367,27 @@ func (l *Local) Run(ctx context.Context, req Request) Result {
 	res.Duration = time.Since(start)
 	res.FailedTask = red.Redact(res.FailedTask)
 	res.Message = boundMessage(red.Redact(strings.TrimSpace(res.Message)))
+	for i := range res.Changes {
+		res.Changes[i].Task = red.Redact(res.Changes[i].Task)
+	}
 	return res
+}
+
+// changes turns the summary's changed-task events into redacted Changes
+// (a diff's start, where its file names are: at most MaxDiff bytes).
+func changes(evs []Event, red *Redactor) []Change {
+	var out []Change
+	for _, ev := range evs {
+		c := Change{Task: ev.Task, Censored: ev.Censored}
+		if d := strings.TrimSpace(red.RedactHead(ev.Diff, ev.DiffTruncated)); d != "" {
+			if h, cut := headString(d, MaxDiff-len("…")); cut {
+				d = h + "…"
+			}
+			c.Diff = d
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 // scriptResult is the stdin_exec result_file.
@@ -522,6 +542,9 @@ func (l *Local) prepare(req Request, dir *runDir, w *proc, timeout time.Duration
 	}
 	if l.opts.Verbosity > 0 {
 		args = append(args, "-"+strings.Repeat("v", l.opts.Verbosity))
+	}
+	if req.Check {
+		args = append(args, "--check", "--diff")
 	}
 	args = append(args, dir.join(filePlaybook))
 	launchReq, err := launchRequest(args, req.Conn)
@@ -819,7 +842,7 @@ func decide(f facts, red *Redactor) Result {
 }
 
 func decideRaw(f facts, red *Redactor) Result {
-	res := Result{ExitCode: f.exitCode, Touched: f.sum.Reached, AnsibleVersion: f.sum.AnsibleVersion}
+	res := Result{ExitCode: f.exitCode, Touched: f.sum.Reached, AnsibleVersion: f.sum.AnsibleVersion, Changes: changes(f.sum.Changed, red)}
 	stderr := strings.TrimSpace(red.RedactTail(f.stderr, f.stderrCut))
 	// The connect check inside the script task (connect_check) says in
 	// result_file whether the session was established: it decides Touched

@@ -43,7 +43,7 @@ const (
 
 var (
 	paramRE   = regexp.MustCompile(`^KPSSH_[A-Za-z0-9_]+$`)
-	phaseRE   = regexp.MustCompile(`^(install|join|leave|uninstall|reboot|verify)$`)
+	phaseRE   = regexp.MustCompile(`^(install|join|leave|uninstall|reboot|verify|check)$`)
 	profileRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?@[A-Za-z0-9._-]{1,63}$`)
 	sha256RE  = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )

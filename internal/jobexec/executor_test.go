@@ -220,6 +220,44 @@ func abandonedRun(t *testing.T, fc *fakeCluster, req engine.Request) (*batchv1.J
 	return job, await(t, ch)
 }
 
+// A drift check the caller stops waiting for (a phase wants the host) is
+// not resumed: its Job is deleted, so its pod does not run on beside the
+// phase.
+func TestCancelledCheckJobDeleted(t *testing.T) {
+	fc := newFake(t)
+	req := request()
+	req.Check, req.Key, req.Context.BootstrapToken = true, "", ""
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := runAsync(ctx, newExec(t, fc), req)
+	var job *batchv1.Job
+	deadline := time.Now().Add(30 * time.Second)
+	for job == nil && time.Now().Before(deadline) {
+		l := &batchv1.JobList{}
+		if err := fc.List(context.Background(), l, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		if len(l.Items) == 1 {
+			job = &l.Items[0]
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if job == nil {
+		t.Fatal("no Job")
+	}
+	time.Sleep(100 * time.Millisecond) // let it reach the wait
+	cancel()
+	if res := await(t, ch); res.Outcome != engine.TimedOut {
+		t.Fatalf("cancelled check: %+v", res)
+	}
+	err := fc.Get(context.Background(), client.ObjectKeyFromObject(job), &batchv1.Job{})
+	if err == nil {
+		t.Fatal("the cancelled check's Job is still there")
+	}
+	if !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+}
+
 func TestReattachAfterRestart(t *testing.T) {
 	fc := newFake(t)
 	req := request()

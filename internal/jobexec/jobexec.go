@@ -205,6 +205,9 @@ func (e *Executor) Run(ctx context.Context, req engine.Request) engine.Result {
 	res.Duration = e.now().Sub(start)
 	res.FailedTask = red.Redact(res.FailedTask)
 	res.Message = shorten(red.Redact(strings.TrimSpace(res.Message)), engine.MaxMessage)
+	for i := range res.Changes {
+		res.Changes[i].Task, res.Changes[i].Diff = red.Redact(res.Changes[i].Task), red.Redact(res.Changes[i].Diff)
+	}
 	return res
 }
 
@@ -278,6 +281,11 @@ func (e *Executor) run(ctx context.Context, req engine.Request) engine.Result {
 		}
 	}
 	res, done := e.wait(ctx, job)
+	if !done && ctx.Err() != nil && (req.Check || req.Phase == engine.PhaseCheck) {
+		// A drift check the caller stopped waiting for (a phase wants the
+		// host) is not resumed: its Job goes, its pod is interrupted.
+		e.abandon(ctx, job)
+	}
 	if done {
 		// The inputs are no longer needed once the pod ended: delete them
 		// now rather than with the Job at its TTL.

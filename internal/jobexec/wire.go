@@ -35,6 +35,8 @@ type wireInput struct {
 	Context wireContext   `json:"context"`
 	Timeout time.Duration `json:"timeoutNs"`
 	Redact  []string      `json:"redact,omitempty"`
+	// Check: check mode (engine.Request.Check).
+	Check bool `json:"check,omitempty"`
 }
 
 type wireConn struct {
@@ -91,6 +93,7 @@ func EncodeInput(req engine.Request) ([]byte, error) {
 			Taints: req.Context.Taints, Vars: req.Context.Vars, Secrets: req.Context.Secrets},
 		Timeout: req.Timeout,
 		Redact:  req.Redact,
+		Check:   req.Check,
 	}
 	if v := req.Source.Verified; v != nil {
 		in.Source.Verified = &wireVerified{Signature: v.Signature, Profile: v.Profile, TrustedSigners: v.TrustedSigners, ShimCommand: v.ShimCommand}
@@ -140,6 +143,7 @@ func DecodeInput(b []byte) (engine.Request, error) {
 			Taints: in.Context.Taints, Vars: in.Context.Vars, Secrets: in.Context.Secrets},
 		Timeout: in.Timeout,
 		Redact:  in.Redact,
+		Check:   in.Check,
 	}
 	if v := in.Source.Verified; v != nil {
 		req.Source.Verified = &engine.Verified{Signature: v.Signature, Profile: v.Profile, TrustedSigners: v.TrustedSigners, ShimCommand: v.ShimCommand}
@@ -158,18 +162,38 @@ type wireResult struct {
 	Touched    bool           `json:"touched,omitempty"`
 	// AnsibleVersion: the pod's ansible-core (bounded, for the same reason as the rest)
 	AnsibleVersion string `json:"ansibleVersion,omitempty"`
+	// Changes: the changed tasks (a check's verdict), their diffs if room.
+	Changes []wireChange `json:"changes,omitempty"`
+}
+
+type wireChange struct {
+	Task     string `json:"task"`
+	Diff     string `json:"diff,omitempty"`
+	Censored bool   `json:"censored,omitempty"`
 }
 
 // EncodeResult is the termination message of a finished phase: the
 // (already redacted) result as JSON, never more than MaxTerminationMessage
-// bytes. The message is shortened first (its start and end kept), then the
-// failed task's name; outcome, codes and Touched always survive.
+// bytes. The changed tasks' diffs give way first (the last first), then the
+// message is shortened (its start and end kept), then the failed task's
+// name, then the changed tasks' names and number (down to one: whether a
+// check found a change survives); outcome, codes and Touched always
+// survive.
 func EncodeResult(r engine.Result) []byte {
 	w := wireResult{Version: WireVersion, Outcome: r.Outcome, DurationMs: r.Duration.Milliseconds(),
 		FailedTask: r.FailedTask, RC: r.RC, ExitCode: r.ExitCode, Message: r.Message, Touched: r.Touched,
 		AnsibleVersion: r.AnsibleVersion}
 	if len(w.AnsibleVersion) > 64 {
 		w.AnsibleVersion = w.AnsibleVersion[:64]
+	}
+	for _, c := range r.Changes {
+		w.Changes = append(w.Changes, wireChange{Task: c.Task, Diff: c.Diff, Censored: c.Censored})
+	}
+	for i := len(w.Changes) - 1; i >= 0; i-- {
+		if b, err := json.Marshal(w); err == nil && len(b) <= MaxTerminationMessage {
+			break
+		}
+		w.Changes[i].Diff = ""
 	}
 	for {
 		b, err := json.Marshal(w)
@@ -190,6 +214,10 @@ func EncodeResult(r engine.Result) []byte {
 			w.Message = scale(w.Message, 512)
 		case len(w.FailedTask) > 256:
 			w.FailedTask = scale(w.FailedTask, 256)
+		case len(w.Changes) > 1:
+			w.Changes = w.Changes[:len(w.Changes)/2]
+		case len(w.Changes) == 1 && len(w.Changes[0].Task) > 64:
+			w.Changes[0].Task = shorten(w.Changes[0].Task, 64)
 		case w.Message != "":
 			w.Message = scale(w.Message, 0)
 		case w.FailedTask != "":
@@ -268,7 +296,17 @@ func ParseResult(msg string) (engine.Result, error) {
 	if !utf8.ValidString(w.Message) || !utf8.ValidString(w.FailedTask) || !utf8.ValidString(w.AnsibleVersion) {
 		return engine.Result{}, fmt.Errorf("%w: invalid UTF-8", ErrNoResult)
 	}
-	return engine.Result{Outcome: w.Outcome, Duration: time.Duration(w.DurationMs) * time.Millisecond,
+	if len(w.Changes) > engine.MaxChanges {
+		return engine.Result{}, fmt.Errorf("%w: %d changed tasks, over %d", ErrNoResult, len(w.Changes), engine.MaxChanges)
+	}
+	r := engine.Result{Outcome: w.Outcome, Duration: time.Duration(w.DurationMs) * time.Millisecond,
 		FailedTask: w.FailedTask, RC: w.RC, ExitCode: w.ExitCode, Message: w.Message, Touched: w.Touched,
-		AnsibleVersion: w.AnsibleVersion}, nil
+		AnsibleVersion: w.AnsibleVersion}
+	for _, c := range w.Changes {
+		if !utf8.ValidString(c.Task) || !utf8.ValidString(c.Diff) {
+			return engine.Result{}, fmt.Errorf("%w: invalid UTF-8", ErrNoResult)
+		}
+		r.Changes = append(r.Changes, engine.Change{Task: c.Task, Diff: c.Diff, Censored: c.Censored})
+	}
+	return r, nil
 }

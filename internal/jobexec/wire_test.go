@@ -33,6 +33,7 @@ func fullRequest() engine.Request {
 
 func TestInputRoundTrip(t *testing.T) {
 	req := fullRequest()
+	req.Check = true
 	b, err := EncodeInput(req)
 	if err != nil {
 		t.Fatal(err)
@@ -149,6 +150,38 @@ func TestResultRoundTripAndBound(t *testing.T) {
 	}
 }
 
+// A check's changed tasks come back: whole when they fit; past the bound
+// the diffs go first, then tasks, never the last one (the verdict).
+func TestResultChanges(t *testing.T) {
+	small := engine.Result{Outcome: engine.Succeeded, Touched: true, Changes: []engine.Change{
+		{Task: "join: Write the kubelet configuration", Diff: "--- /var/lib/kubelet/config.yaml\n+maxPods: 110"}, {Task: "join: units", Censored: true}}}
+	got, err := ParseResult(string(EncodeResult(small)))
+	if err != nil || !reflect.DeepEqual(got.Changes, small.Changes) {
+		t.Fatalf("small: %+v %v", got.Changes, err)
+	}
+	var many []engine.Change
+	for i := 0; i < engine.MaxChanges; i++ {
+		many = append(many, engine.Change{Task: strings.Repeat("t", 300), Diff: strings.Repeat("\x01", engine.MaxDiff)})
+	}
+	b := EncodeResult(engine.Result{Outcome: engine.Succeeded, Touched: true, Message: strings.Repeat("m", 2000), Changes: many})
+	if len(b) > MaxTerminationMessage {
+		t.Fatalf("%d bytes", len(b))
+	}
+	got, err = ParseResult(string(b))
+	if err != nil || len(got.Changes) == 0 || got.Outcome != engine.Succeeded {
+		t.Fatalf("many: %d changes, %v", len(got.Changes), err)
+	}
+	for _, c := range got.Changes {
+		if c.Diff != "" {
+			t.Fatalf("a diff survived where the tasks did not fit: %d changes", len(got.Changes))
+		}
+	}
+	over := `{"v":1,"outcome":"Succeeded","exitCode":0,"changes":[` + strings.TrimSuffix(strings.Repeat(`{"task":"t"},`, engine.MaxChanges+1), ",") + `]}`
+	if _, err := ParseResult(over); !errors.Is(err, ErrNoResult) {
+		t.Fatalf("%d changes accepted: %v", engine.MaxChanges+1, err)
+	}
+}
+
 func TestParseResultRefuses(t *testing.T) {
 	for _, msg := range []string{
 		"", "   ", "phase-run: reading the input: open x: no such file",
@@ -186,7 +219,7 @@ func FuzzParseResult(f *testing.F) {
 		if err != nil {
 			t.Fatalf("accepted %q, its re-encoding is refused: %v", msg, err)
 		}
-		if again != r {
+		if !reflect.DeepEqual(again, r) {
 			t.Fatalf("re-encoding changed %+v to %+v", r, again)
 		}
 	})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/dklesev/kpssh/internal/cloudprovider"
 	"github.com/dklesev/kpssh/internal/controllers/host"
+	"github.com/dklesev/kpssh/internal/controllers/host/drift"
 	"github.com/dklesev/kpssh/internal/controllers/node/startuptaint"
 	"github.com/dklesev/kpssh/internal/controllers/nodeclass"
 	"github.com/dklesev/kpssh/internal/engine"
@@ -100,11 +101,13 @@ func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*eng
 	hc.Keys = keys
 	hc.Leaver = leave.NewEngine(kube, runner)
 	hc.Interval, hc.Timeout, hc.Concurrency = o.ProbeInterval, o.ProbeTimeout, o.ProbeConcurrency
+	dc := drift.New(kube, live, cp, op.EventRecorder, op.Clock, o.PoolNamespace)
 
 	return &Kpssh{
 		Options: o, Engine: eng, Phases: runner, CloudProvider: cp,
 		Controllers: []opcontroller.Controller{
 			registerFunc(func(_ context.Context, m manager.Manager) error { return hc.Register(m) }),
+			registerFunc(func(_ context.Context, m manager.Manager) error { return dc.Register(m) }),
 			nodeclass.New(kube, eng, o.PoolNamespace, op.Clock),
 			registerFunc(func(_ context.Context, m manager.Manager) error {
 				return startuptaint.New(kube, op.EventRecorder).Register(m)

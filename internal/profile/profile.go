@@ -28,6 +28,7 @@ const (
 	DefaultUninstallTimeout = 10 * time.Minute
 	DefaultRebootTimeout    = 2 * time.Minute
 	DefaultVerifyTimeout    = 2 * time.Minute
+	DefaultCheckTimeout     = 2 * time.Minute
 )
 
 // requiredPhases must be present in every profile; uninstall is optional
@@ -54,6 +55,9 @@ func source(p *v1beta1.SSHJoinProfile, phase engine.Phase) (engine.Source, bool)
 		return engine.Source{}, false
 	}
 	s, a := p.Spec.Scripts, p.Spec.Ansible
+	if phase == engine.PhaseCheck && s == nil {
+		return engine.Source{}, false // role and task profiles check in check mode
+	}
 	switch {
 	case s != nil && a == nil:
 		body := string(pickScript(s, phase))
@@ -93,6 +97,9 @@ func pickScript(s *v1beta1.ProfileScripts, phase engine.Phase) v1beta1.Script {
 	if phase == engine.PhaseVerify {
 		return s.Verify
 	}
+	if phase == engine.PhaseCheck {
+		return s.Check
+	}
 	return byPhase(phase, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
 }
 
@@ -111,6 +118,9 @@ func Signature(p *v1beta1.SSHJoinProfile, ph engine.Phase) v1beta1.Signature {
 	}
 	if ph == engine.PhaseVerify {
 		return s.Verify
+	}
+	if ph == engine.PhaseCheck {
+		return s.Check
 	}
 	return byPhase(ph, s.Install, s.Join, s.Leave, s.Uninstall, s.Reboot)
 }
@@ -164,6 +174,11 @@ func Timeout(p *v1beta1.SSHJoinProfile, phase engine.Phase) time.Duration {
 		def = DefaultVerifyTimeout
 		if p != nil {
 			raw = p.Spec.Timeouts.Verify
+		}
+	case engine.PhaseCheck:
+		def = DefaultCheckTimeout
+		if p != nil {
+			raw = p.Spec.Timeouts.Check
 		}
 	default: // uninstall has no field; an unknown phase gets the longest bound
 		def = DefaultUninstallTimeout

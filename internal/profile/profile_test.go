@@ -79,6 +79,10 @@ func TestSource(t *testing.T) {
 		{"script verify", with(scripts("i", "j", "l", ""), verifyScript("v")), engine.PhaseVerify, engine.Source{Script: "v"}, true},
 		{"tasks verify", with(tasks("ti", "tj", "tl", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Ansible.Tasks.Verify = "tv" }), engine.PhaseVerify, engine.Source{Tasks: "tv"}, true},
 		{"role verify (the engine skips it without tasks/verify.yml)", role("r"), engine.PhaseVerify, engine.Source{Role: "r"}, true},
+		{"script check", with(scripts("i", "j", "l", ""), checkScript("c")), engine.PhaseCheck, engine.Source{Script: "c"}, true},
+		{"script no check: none (no default)", scripts("i", "j", "l", ""), engine.PhaseCheck, engine.Source{}, false},
+		{"role: no check phase (check mode instead)", role("r"), engine.PhaseCheck, engine.Source{}, false},
+		{"tasks: no check phase (check mode instead)", tasks("ti", "tj", "tl", ""), engine.PhaseCheck, engine.Source{}, false},
 		{"nil profile", nil, engine.PhaseJoin, engine.Source{}, false},
 		{"no source", &v1beta1.SSHJoinProfile{}, engine.PhaseJoin, engine.Source{}, false},
 		{"both sources", both, engine.PhaseJoin, engine.Source{}, false},
@@ -122,6 +126,8 @@ func TestTimeout(t *testing.T) {
 		{"overflow", tm("99999999999999999999h", "", ""), engine.PhaseInstall, 10 * time.Minute},
 		{"verify default", tm("", "", ""), engine.PhaseVerify, 2 * time.Minute},
 		{"verify set", with(tm("", "", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Timeouts.Verify = "45s" }), engine.PhaseVerify, 45 * time.Second},
+		{"check default", tm("", "", ""), engine.PhaseCheck, 2 * time.Minute},
+		{"check set", with(tm("", "", ""), func(p *v1beta1.SSHJoinProfile) { p.Spec.Timeouts.Check = "45s" }), engine.PhaseCheck, 45 * time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -204,6 +210,10 @@ func TestParseMarker(t *testing.T) {
 	}
 }
 
+func checkScript(c string) func(*v1beta1.SSHJoinProfile) {
+	return func(p *v1beta1.SSHJoinProfile) { p.Spec.Scripts.Check = v1beta1.Script(c) }
+}
+
 func rebootScript(r string) func(*v1beta1.SSHJoinProfile) {
 	return func(p *v1beta1.SSHJoinProfile) { p.Spec.Scripts.Reboot = v1beta1.Script(r) }
 }
@@ -219,7 +229,6 @@ func noVerify(role string) map[engine.Phase]error {
 }
 
 // fakeRoles answers ValidateRole from a table and records the calls.
-
 type fakeRoles struct {
 	errs  map[engine.Phase]error
 	calls []string
@@ -283,6 +292,12 @@ func TestValidate(t *testing.T) {
 		{name: "role without verify.yml: nothing to verify", p: role("tls_bootstrap"), roles: &fakeRoles{errs: noVerify("tls_bootstrap")}},
 		{name: "role with a bad verify.yml", p: role("tls_bootstrap"), roles: &fakeRoles{errs: map[engine.Phase]error{engine.PhaseVerify: errors.New("role tls_bootstrap: tasks/verify.yml: not valid YAML")}}, want: "verify.yml", wantPrefix: "verify"},
 		{name: "signed verify template", p: signed(with(scripts("i", "j", "l", ""), verifyScript("test -e {{ .Vars.dev }}"))), want: "template-free", wantPrefix: "verify"},
+		// check is optional and gets install's context: vars, secrets, no token.
+		{name: "check script", p: with(scripts("i", "j", "l", ""), checkScript("grep -q {{ .Vars.k8sMinor }} /etc/x || exit 1"))},
+		{name: "check uses the token", p: with(scripts("i", "j", "l", ""), checkScript("echo {{ .BootstrapToken }}")), want: "only the join phase", wantPrefix: "check"},
+		{name: "check bad template", p: with(scripts("i", "j", "l", ""), checkScript("echo {{ .Vars.x ")), want: "not a valid template", wantPrefix: "check"},
+		{name: "check unknown field", p: with(scripts("i", "j", "l", ""), checkScript("{{ .Nope }}")), want: "unknown field .Nope", wantPrefix: "check"},
+		{name: "signed check with template", p: with(signed(scripts("i", "j", "l", "")), checkScript("{{ .NodeName }}")), want: "template-free", wantPrefix: "check"},
 		{name: "install uses token", p: scripts("echo {{ .BootstrapToken }}", "j", "l", ""), want: "only the join phase", wantPrefix: "install"},
 		{name: "join unknown field", p: scripts("i", "{{ .Nope }}", "l", ""), want: "unknown field .Nope", wantPrefix: "join"},
 		{name: "uninstall checked too", p: scripts("i", "j", "l", "{{ .Broken"), want: "not a valid template", wantPrefix: "uninstall"},

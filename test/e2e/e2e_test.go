@@ -47,7 +47,8 @@ func TestE2E(t *testing.T) {
 		{"PowerOutage", powerOutage},
 		{"Maintenance", maintenance},
 		{"Drift", drift},
-		{"Verify", verifyGate}, // verify_test.go
+		{"Verify", verifyGate},   // verify_test.go
+		{"HostDrift", hostDrift}, // hostdrift_test.go
 		{"CrashResume", crashResume},
 		{"RoleProfile", roleProfile},
 		{"Releases", releases},

@@ -26,6 +26,7 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/controllers/host"
+	driftctl "github.com/dklesev/kpssh/internal/controllers/host/drift"
 	"github.com/dklesev/kpssh/internal/engine"
 )
 
@@ -204,6 +205,10 @@ var specMetrics = []struct {
 	{"kpssh_instance_shim_rejections_total", "kpssh_instance_shim_rejections_total", map[string][]string{
 		"phase":  strs(engine.Phases),
 		"reason": {"SignatureRejected", "BadParam", "MalformedEnvelope", "UnknownPhase"}}},
+	// every outcome's series exists from the start; the per-class check
+	// counter appears with a class's first check (the HostDrift scenario
+	// checks it)
+	{"kpssh_host_drift_check_duration_seconds", "kpssh_host_drift_check_duration_seconds_count", map[string][]string{"outcome": driftctl.Outcomes}},
 }
 
 // strs is the label values of a list of typed names.

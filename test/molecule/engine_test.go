@@ -22,6 +22,61 @@ import (
 // scenarios' way of calling the role must be the engine's. tg's host has the
 // stand-in mirror (prepared by the caller).
 func testEngineRuns(t *testing.T, w *hostenv.World, i int) {
+	e, conn, shared := roleEngine(t, w, i)
+	h := w.Host(i)
+	c := engine.Context{
+		ClusterEndpoint: shared["cluster_endpoint"], ClusterCAB64: shared["cluster_ca_b64"],
+		BootstrapToken: shared["bootstrap_token"], NodeName: "kpssh-engine-" + h.Name,
+		ProviderID: "kpssh://kpssh-system/" + h.Name, HostAddress: h.Address, NodeAddress: "192.0.2.77",
+		NodeLabels: "kpssh.example/pool=engine", Taints: "karpenter.sh/unregistered:NoExecute",
+		// A var value that would break naive templating: the engine passes it !unsafe.
+		Vars: map[string]string{"k8sMinor": "1.36", "binarySource": "/srv/kpssh-mirror", "note": `{{ lookup('env', 'HOME') }} $(id)`},
+	}
+	run := func(p engine.Phase) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		r := e.Run(ctx, engine.Request{Phase: p, Conn: conn, Source: engine.Source{Role: "tls_bootstrap"}, Context: c, Timeout: 8 * time.Minute})
+		if strings.Contains(r.Message, "0123456789abcdef") || strings.Contains(r.FailedTask, "0123456789abcdef") {
+			t.Errorf("%s: the token is in the result", p)
+		}
+		if r.Outcome != engine.Succeeded {
+			t.Fatalf("%s through the engine: %s (task %q): %s", p, r.Outcome, r.FailedTask, r.Message)
+		}
+		t.Logf("%s through the engine: %s in %v", p, r.Outcome, r.Duration.Round(time.Millisecond))
+	}
+	units := func() string {
+		return w.MustRun(i, "for u in kubelet containerd; do echo $(systemctl is-active $u) $(systemctl is-enabled $u); done | tr '\\n' ' '")
+	}
+	testJoinChecks(t, e, conn, c, w, i, false)
+	coll, err := engine.FindCollectionsPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testCollectionRole(t, coll, conn, c)
+	run(engine.PhaseInstall)
+	testJoinChecks(t, e, conn, c, w, i, true)
+	run(engine.PhaseJoin)
+	if got := units(); got != "active enabled active enabled" {
+		t.Errorf("after join through the engine: kubelet, containerd are %q", got)
+	}
+	argv := strings.Split(w.MustRun(i, "cat /run/kpssh-stub/kubelet.argv"), "\n")
+	for _, want := range []string{"--provider-id=" + c.ProviderID, "--register-with-taints=" + c.Taints, "--node-ip=" + c.NodeAddress, "--hostname-override=" + c.NodeName} {
+		if !contains(argv, want) {
+			t.Errorf("kubelet started without %s:\n%s", want, argv)
+		}
+	}
+	run(engine.PhaseLeave)
+	if got := units(); got != "inactive disabled inactive disabled" {
+		t.Errorf("after leave through the engine: kubelet, containerd are %q", got)
+	}
+}
+
+// roleEngine is a phase engine with the checkout's roles, the connection
+// to host i, and the shared kpssh context's values
+// (shared/kpssh-context.yml's kpssh map).
+func roleEngine(t *testing.T, w *hostenv.World, i int) (*engine.Local, engine.Connection, map[string]string) {
+	t.Helper()
 	ctxFile, err := os.ReadFile(filepath.Join("shared", "kpssh-context.yml"))
 	if err != nil {
 		t.Fatal(err)
@@ -50,49 +105,7 @@ func testEngineRuns(t *testing.T, w *hostenv.World, i int) {
 		t.Fatal(err)
 	}
 	h := w.Host(i)
-	conn := engine.Connection{Address: h.Address, Port: int32(h.Port), User: h.User, PrivateKey: key, HostKey: h.HostKey}
-	c := engine.Context{
-		ClusterEndpoint: shared.Kpssh["cluster_endpoint"], ClusterCAB64: shared.Kpssh["cluster_ca_b64"],
-		BootstrapToken: shared.Kpssh["bootstrap_token"], NodeName: "kpssh-engine-" + h.Name,
-		ProviderID: "kpssh://kpssh-system/" + h.Name, HostAddress: h.Address, NodeAddress: "192.0.2.77",
-		NodeLabels: "kpssh.example/pool=engine", Taints: "karpenter.sh/unregistered:NoExecute",
-		// A var value that would break naive templating: the engine passes it !unsafe.
-		Vars: map[string]string{"k8sMinor": "1.36", "binarySource": "/srv/kpssh-mirror", "note": `{{ lookup('env', 'HOME') }} $(id)`},
-	}
-	run := func(p engine.Phase) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		r := e.Run(ctx, engine.Request{Phase: p, Conn: conn, Source: engine.Source{Role: "tls_bootstrap"}, Context: c, Timeout: 8 * time.Minute})
-		if strings.Contains(r.Message, "0123456789abcdef") || strings.Contains(r.FailedTask, "0123456789abcdef") {
-			t.Errorf("%s: the token is in the result", p)
-		}
-		if r.Outcome != engine.Succeeded {
-			t.Fatalf("%s through the engine: %s (task %q): %s", p, r.Outcome, r.FailedTask, r.Message)
-		}
-		t.Logf("%s through the engine: %s in %v", p, r.Outcome, r.Duration.Round(time.Millisecond))
-	}
-	units := func() string {
-		return w.MustRun(i, "for u in kubelet containerd; do echo $(systemctl is-active $u) $(systemctl is-enabled $u); done | tr '\\n' ' '")
-	}
-	testJoinChecks(t, e, conn, c, w, i, false)
-	testCollectionRole(t, coll, conn, c)
-	run(engine.PhaseInstall)
-	testJoinChecks(t, e, conn, c, w, i, true)
-	run(engine.PhaseJoin)
-	if got := units(); got != "active enabled active enabled" {
-		t.Errorf("after join through the engine: kubelet, containerd are %q", got)
-	}
-	argv := strings.Split(w.MustRun(i, "cat /run/kpssh-stub/kubelet.argv"), "\n")
-	for _, want := range []string{"--provider-id=" + c.ProviderID, "--register-with-taints=" + c.Taints, "--node-ip=" + c.NodeAddress, "--hostname-override=" + c.NodeName} {
-		if !contains(argv, want) {
-			t.Errorf("kubelet started without %s:\n%s", want, argv)
-		}
-	}
-	run(engine.PhaseLeave)
-	if got := units(); got != "inactive disabled inactive disabled" {
-		t.Errorf("after leave through the engine: kubelet, containerd are %q", got)
-	}
+	return e, engine.Connection{Address: h.Address, Port: int32(h.Port), User: h.User, PrivateKey: key, HostKey: h.HostKey}, shared.Kpssh
 }
 
 // testJoinChecks: the role's join refuses bad vars and a bad join context

@@ -81,8 +81,11 @@ var moleculeDefaultSequence = []string{"dependency", "cleanup", "destroy", "synt
 
 // steps the harness runs; molecule's others (dependency, create, destroy,
 // lint) have nothing to do for a delegated, unmanaged platform without
-// requirements (dependency is refused when enabled, below).
-var knownSteps = map[string]bool{"syntax": true, "prepare": true, "converge": true, "idempotence": true, "side_effect": true, "verify": true, "cleanup": true}
+// requirements (dependency is refused when enabled, below). check is
+// molecule's dry run (converge with --check --diff); the harness also
+// requires it to change nothing: after converge the role must be
+// check-mode safe, as kpssh's drift check runs it (docs/profiles.md).
+var knownSteps = map[string]bool{"syntax": true, "prepare": true, "converge": true, "idempotence": true, "check": true, "side_effect": true, "verify": true, "cleanup": true}
 
 var noopSteps = map[string]bool{"dependency": true, "create": true, "destroy": true, "lint": true}
 
@@ -355,6 +358,15 @@ func (r *runner) step(ctx context.Context, sc *scenario, tg target, step string)
 		}
 		if changed, n := changedTasks(out); n > 0 {
 			return fmt.Errorf("idempotence: the second converge changed %d task(s): %s", n, strings.Join(changed, "; "))
+		}
+		return nil
+	case "check":
+		out, err := r.playbook(ctx, sc, tg, "converge.yml", "--check", "--diff")
+		if err := playbookErr("check (converge --check --diff)", out, err); err != nil {
+			return err
+		}
+		if changed, n := changedTasks(out); n > 0 {
+			return fmt.Errorf("check: converge in check mode would change %d task(s) on a converged host (false drift): %s\n%s", n, strings.Join(changed, "; "), tail(out, 60))
 		}
 		return nil
 	case "side_effect":

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -389,7 +390,10 @@ func TestStaleClaimReleased(t *testing.T) {
 				running := func(h *v1beta1.SSHHost) {
 					h.Status.LastPhase = &v1beta1.LastPhase{Phase: v1beta1.PhaseInstall, Result: v1beta1.PhaseRunning, StartedAt: metav1.Now(), CurrentTask: "fetch kubelet"}
 				}
-				objs := append([]client.Object{tokenSecret(), newHost("h1", claimed(st, "nc-1", "uid-1"), running)}, tc.objs...)
+				drifted := func(h *v1beta1.SSHHost) {
+					h.SetHostDrift(&v1beta1.HostDriftStatus{ClaimUID: "uid-1", LastResult: v1beta1.DriftDrifted}, "drifted", metav1.Now())
+				}
+				objs := append([]client.Object{tokenSecret(), newHost("h1", claimed(st, "nc-1", "uid-1"), running, drifted)}, tc.objs...)
 				w := newWorld(t, nil, objs...)
 				w.reconcile(t, "h1")
 				h := w.host(t, "h1")
@@ -398,6 +402,9 @@ func TestStaleClaimReleased(t *testing.T) {
 				}
 				if lp := h.Status.LastPhase; lp.Result != v1beta1.PhaseInterrupted || lp.CurrentTask != "" || !strings.Contains(lp.Message, `NodeClaim nc-1 no longer exists`) || !strings.Contains(lp.Message, `"fetch kubelet"`) {
 					t.Fatalf("%s: an unfinished phase after the release: %+v", st, lp)
+				}
+				if h.Status.HostDrift != nil || h.HostDrifted() || strings.Contains(fmt.Sprint(h.Status.Conditions), v1beta1.ConditionHostDrift) {
+					t.Fatalf("%s: the claim's drift record survived its release: %+v %+v", st, h.Status.HostDrift, h.Status.Conditions)
 				}
 				err := w.c.Get(context.Background(), client.ObjectKey{Namespace: "kube-system", Name: "bootstrap-token-abcdef"}, &corev1.Secret{})
 				if err == nil {

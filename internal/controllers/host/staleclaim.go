@@ -47,6 +47,7 @@ func (c *Controller) repairStaleClaim(ctx context.Context, h *v1beta1.SSHHost) (
 	h.SetReboot(nil, metav1.NewTime(c.Clock.Now()))
 	// The claim's phase, if one was shown Running, can no longer record its end.
 	h.InterruptPhase("interrupted: NodeClaim " + ref.Name + " no longer exists; the phase's end was not recorded")
+	h.SetHostDrift(nil, "", metav1.NewTime(c.Clock.Now()))
 	setState(h, v1beta1.HostPending, "released: NodeClaim "+ref.Name+" no longer exists", metav1.NewTime(c.Clock.Now()))
 	if err := patchStatus(ctx, c.Client, orig, h); err != nil {
 		return reconcile.Result{}, true, err

@@ -232,6 +232,12 @@ func TestReadiness(t *testing.T) {
 			wantStatus: metav1.ConditionFalse, wantReason: ReasonProfileInvalid, wantMsg: "leave script references .Vars"},
 		{name: "leave uses secrets", objs: []client.Object{class("c", "p"), scriptProfile("p", "echo {{ .Secrets.token }}"), host("h1", ns, nil)},
 			wantStatus: metav1.ConditionFalse, wantReason: ReasonProfileInvalid, wantMsg: "leave"},
+		{name: "check script does not parse", objs: []client.Object{class("c", "p"), func() client.Object {
+			p := scriptProfile("p", goodLeave)
+			p.Spec.Scripts.Check = "test -f {{ .Vars.x"
+			return p
+		}(), host("h1", ns, nil)},
+			wantStatus: metav1.ConditionFalse, wantReason: ReasonProfileInvalid, wantMsg: "check"},
 		{name: "role without leave", objs: []client.Object{class("c", "p"), roleProfile("p"), host("h1", ns, nil)},
 			roles:      roles{engine.PhaseLeave: errors.New("role tls_bootstrap has no tasks/leave.yml")},
 			wantStatus: metav1.ConditionFalse, wantReason: ReasonProfileInvalid, wantMsg: "leave"},

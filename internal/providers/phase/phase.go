@@ -115,7 +115,7 @@ func Request(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, con
 func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) Outcome {
 	start := r.Now()
 	pr := r.newProgress(ctx, h, ph, start)
-	res := r.run(ctx, h, p, ph, c, redact, pr.observe)
+	res := r.run(ctx, h, p, ph, c, redact, pr.observe, false)
 	// Before the outcome goes back: the caller's lastPhase write is the last.
 	pr.stop()
 	if res.Duration == 0 {
@@ -132,7 +132,9 @@ func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 	return o
 }
 
-func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string, progress func(engine.TaskProgress)) engine.Result {
+// run runs one phase (progress, when set, sees its tasks); check: in check
+// mode, as a fresh run (no run key).
+func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string, progress func(engine.TaskProgress), check bool) engine.Result {
 	if p == nil {
 		return configResult(fmt.Errorf("no join profile for %s", ph))
 	}
@@ -155,7 +157,10 @@ func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 		return engine.Result{Outcome: engine.Failed, ExitCode: -1, Message: engine.NewRedactor(redact...).Redact("connect: " + err.Error())}
 	}
 	req.Conn.HostKey = line
-	req.Key = RunKey(h, ph)
+	req.Check = check
+	if !check {
+		req.Key = RunKey(h, ph)
+	}
 	req.Progress = progress
 	return r.Engine.Run(ctx, req)
 }

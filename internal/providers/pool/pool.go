@@ -314,6 +314,8 @@ func Released(h *v1beta1.SSHHost, state v1beta1.HostState, msg string, now metav
 	h.Status.ProviderID = ""
 	h.SetReboot(nil, now) // a reboot belongs to the claim
 	h.Status.Verify = nil // so does its verify
+	// and so do its drift checks
+	h.SetHostDrift(nil, "", now)
 	// A phase of the claim still shown Running ends here (the caller may
 	// write its real end after this).
 	h.InterruptPhase("interrupted: the host was released (" + msg + ") before the phase's end was recorded")

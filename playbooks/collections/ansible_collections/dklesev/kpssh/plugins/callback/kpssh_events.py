@@ -14,6 +14,9 @@ description:
     task name, host, rc, msg and bounded stdout/stderr tails.
   - Module arguments (C(invocation)) are never printed. Results of C(no_log)
     tasks arrive censored and are reported as C(censored=true).
+  - With C(--diff), an C(ok) event of a changed task carries the task's diff
+    (C(diff), the start of Ansible's own rendering, bounded; a loop's item diffs
+    are joined). A censored result has none.
   - Every line has C(v=1); consumers ignore lines that are not JSON objects.
 version_added: 0.1.0
 author:
@@ -27,6 +30,7 @@ from ansible.plugins.callback import CallbackBase
 from ansible.release import __version__ as ANSIBLE_VERSION
 
 TAIL = 8192
+DIFF_HEAD = 4096
 
 
 def _text(value):
@@ -106,6 +110,28 @@ class CallbackModule(CallbackBase):
         if not res.get('msg') and res.get('exception'):
             _tail(ev, 'exception', res.get('exception'), 2048)
 
+    def _diff(self, ev, res):
+        """The rendered diff of a changed result (a loop: of its items)."""
+        if not isinstance(res, dict) or 'censored' in res:
+            return
+        diffs = []
+        if res.get('diff'):
+            diffs.append(res['diff'])
+        for item in res.get('results') or []:
+            if isinstance(item, dict) and item.get('diff') and 'censored' not in item:
+                diffs.append(item['diff'])
+        text = ''
+        for d in diffs:
+            try:
+                text += self._get_diff(d)
+            except Exception:  # pragma: no cover - a module's odd diff shape
+                text += _text(d) + '\n'
+        text = text.strip('\n')
+        if len(text) > DIFF_HEAD:  # the start: where the file names are
+            ev['diff'], ev['diff_truncated'] = text[:DIFF_HEAD], True
+        elif text:
+            ev['diff'] = text
+
     # playbook structure
 
     def v2_playbook_on_start(self, playbook):
@@ -133,7 +159,11 @@ class CallbackModule(CallbackBase):
     # host results
 
     def v2_runner_on_ok(self, result):
-        self._emit(self._host_event('ok', result, changed=bool(result._result.get('changed', False))))
+        changed = bool(result._result.get('changed', False))
+        ev = self._host_event('ok', result, changed=changed)
+        if changed:
+            self._diff(ev, result._result)
+        self._emit(ev)
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         ev = self._host_event('failed', result, ignore_errors=bool(ignore_errors))

@@ -23,9 +23,14 @@ description:
   - Order: I(remove), I(directories), I(archives), I(files), I(manifest),
     I(commands). Every I(src) is checked before anything is touched: a
     missing one fails the task and nothing is written.
-  - Contents are never returned; mark the task C(no_log) when a content is a
-    secret (the option itself is C(no_log)). Supports check mode (nothing is
-    written; I(commands) still run, against what is on the host).
+  - Contents are never returned, except in diff mode (C(--diff)): then each
+    changed path gets a unified diff of its text (what is on the host
+    against what would be written; a content that is one line may show
+    masked, as Ansible masks C(no_log) option values) or a line saying what
+    differs (binary or large files, modes, owners, removals). Mark the task
+    C(no_log) when a content is a secret (the option itself is C(no_log));
+    that censors its diff too. Supports check mode (nothing is written;
+    I(commands) still run, against what is on the host).
 version_added: 0.2.0
 options:
   files:
@@ -221,6 +226,7 @@ commands:
   version_added: 1.1.0
 '''
 
+import difflib
 import glob
 import grp
 import os
@@ -233,6 +239,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dklesev.kpssh.plugins.module_utils.host_commands import check_all, run_all
 
 CHUNK = 1 << 20
+# diff mode: files larger than this are described, not diffed
+MAX_DIFF = 64 * 1024
 
 
 class _Fail(Exception):
@@ -382,6 +390,66 @@ def _archive(src, dest, mode, uid, gid, check_mode, changed_paths):
     return paths
 
 
+def _decode(data):
+    if b'\0' in data:
+        return None
+    try:
+        return data.decode('utf-8')
+    except UnicodeDecodeError:
+        return None
+
+
+def _before(path):
+    """What is at path now, for a diff: (lstat or None, its text or None)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, None
+    text = None
+    if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_DIFF:
+        try:
+            with open(path, 'rb') as f:
+                text = _decode(f.read(MAX_DIFF + 1))
+        except OSError:
+            pass
+    return st, text
+
+
+def _attrs(st, mode, uid, gid):
+    parts = []
+    if (st.st_mode & 0o7777) != mode:
+        parts.append('mode %04o -> %04o' % (st.st_mode & 0o7777, mode))
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        parts.append('owner %d:%d -> %d:%d' % (st.st_uid, st.st_gid, uid, gid))
+    return ', '.join(parts)
+
+
+def _file_diff(path, before, new, size, mode, uid, gid):
+    """The diff text of a changed file: new is its bytes (None: a src file of size bytes)."""
+    st, old = before
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return '%s: not a regular file on the host, a file would be written\n' % path
+    text = _decode(new) if new is not None and len(new) <= MAX_DIFF else None
+    if st is None:
+        if text is None:
+            return '%s: missing, would be written (%d bytes, mode %04o)\n' % (path, size, mode)
+        old = ''
+    out = ''
+    if st is not None:
+        a = _attrs(st, mode, uid, gid)
+        if a:
+            out += '%s: %s\n' % (path, a)
+    if old is not None and text is not None:
+        out += ''.join(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
+                                            fromfile=path if st is not None else '/dev/null',
+                                            tofile=path, lineterm='\n'))
+        if out and not out.endswith('\n'):
+            out += '\n\\ No newline at end of file\n'
+    elif st is not None and (st.st_size != size or not out):
+        out += '%s: content differs (%d -> %d bytes; binary or larger than %d)\n' % (path, st.st_size, size, MAX_DIFF)
+    return out
+
+
 def _manifest_content(m, files, archives):
     paths = set(p for p, _ in files) | set(m['extra'])
     for ps in archives.values():
@@ -425,6 +493,11 @@ def main():
     )
     p, check = module.params, module.check_mode
     changed_paths, removed, archives = [], [], {}
+    diffs = []  # diff mode: one prepared text per changed path
+
+    def diff(text):
+        if module._diff and text:
+            diffs.append({'prepared': text})
     try:
         for what in [d['path'] for d in p['directories']] + [f['path'] for f in p['files']] + \
                 [a['dest'] for a in p['archives']] + ([p['manifest']['path']] if p['manifest'] else []):
@@ -455,32 +528,47 @@ def main():
             for path in sorted(glob.glob(pat)):
                 if os.path.isfile(path) or os.path.islink(path):
                     removed.append(path)
+                    diff('%s: removed\n' % path)
                     if not check:
                         os.unlink(path)
         for path, mode, uid, gid in dirs:
+            st = _before(path)[0] if module._diff else None
             if _directory(path, mode, uid, gid, check):
                 changed_paths.append(path)
+                diff('%s: directory %s\n' % (path, _attrs(st, mode, uid, gid) if st else 'missing, would be made'))
         for a in archs:
+            n = len(changed_paths)
             archives[a[0]] = _archive(*a, check_mode=check, changed_paths=changed_paths)
+            for path in changed_paths[n:]:
+                diff('%s: differs from its copy in archive %s\n' % (path, a[0]))
         for path, e in files:
             if e is None:
                 continue
             data, src, mode, uid, gid = e
+            before = _before(path) if module._diff else None
+            size = len(data) if src is None else os.path.getsize(src)
             if src is None:
                 changed = _content(path, data, mode, uid, gid, check)
             else:
-                changed = _place(path, mode, uid, gid, os.path.getsize(src), lambda: open(src, 'rb'), check)
+                changed = _place(path, mode, uid, gid, size, lambda: open(src, 'rb'), check)
             if changed:
                 changed_paths.append(path)
+                if before is not None:
+                    diff(_file_diff(path, before, data, size, mode, uid, gid))
         if m:
-            if _content(m['path'], _manifest_content(m, files, archives), man_mode, man_uid, man_gid, check):
+            data = _manifest_content(m, files, archives)
+            before = _before(m['path']) if module._diff else None
+            if _content(m['path'], data, man_mode, man_uid, man_gid, check):
                 changed_paths.append(m['path'])
+                if before is not None:
+                    diff(_file_diff(m['path'], before, data, len(data), man_mode, man_uid, man_gid))
     except _Fail as e:
         module.fail_json(msg=str(e), changed_paths=changed_paths, removed=removed)
     except OSError as e:
         module.fail_json(msg='files: %s: %s' % (e.filename or '', e.strerror), changed_paths=changed_paths, removed=removed)
+    extra = {'diff': diffs} if diffs else {}
     module.exit_json(changed=bool(changed_paths or removed), changed_paths=changed_paths, removed=removed,
-                     archives=archives, commands=run_all(module, p['commands']))
+                     archives=archives, commands=run_all(module, p['commands']), **extra)
 
 
 if __name__ == '__main__':

@@ -15,7 +15,8 @@ description:
     whose state is C(started) or C(restarted) to be active (a unit that
     systemd restarts after an early exit gets its time), and fails naming
     the units that are not.
-  - Supports check mode (nothing is reloaded, started or waited for).
+  - Supports check mode (nothing is reloaded, started or waited for) and
+    diff mode (the actions, and each acted-on unit's state before).
 version_added: 1.1.0
 options:
   units:
@@ -174,7 +175,13 @@ def main():
             module.fail_json(msg='units: not active after %ds: %s' % (
                 module.params['wait_active'], ', '.join('%s %s' % (n, active[n]) for n in down)),
                 changed=bool(actions), actions=actions, active=active)
-    module.exit_json(changed=bool(actions), actions=actions, active=active)
+    extra = {}
+    if module._diff and actions:
+        # diff mode: what is done and what each unit was before
+        was = ''.join('%s was %s/%s\n' % (n, props[n].get('UnitFileState') or 'unknown', props[n].get('ActiveState') or 'unknown')
+                      for n in names if any(a.endswith(' ' + n) for a in actions))
+        extra['diff'] = {'prepared': ''.join(a + '\n' for a in actions) + was}
+    module.exit_json(changed=bool(actions), actions=actions, active=active, **extra)
 
 
 if __name__ == '__main__':
