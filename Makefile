@@ -10,7 +10,7 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: collection node-assets runner-bin test-prereqs all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule bench demo demo-down e2e clean-world
+.PHONY: collection node-assets runner-bin test-prereqs all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule molecule-role bench demo demo-down e2e clean-world
 
 all: build
 
@@ -139,6 +139,11 @@ molecule: deps rootfs
 	$(RUNNER_PATH) go test $(GO_TEST_FLAGS) -timeout 30m -run 'TestMolecule|TestAnsibleLint' -v ./test/molecule/
 
 ## test-hosts: the nspawn host world tests
+# The harness on an author's role, wherever it is: make molecule-role ROLE=~/roles/web_node
+molecule-role: deps rootfs
+	@test -n "$(ROLE)" || { echo "usage: make molecule-role ROLE=<role dir>" >&2; exit 2; }
+	$(RUNNER_PATH) KPSSH_MOLECULE_ROLE=$(abspath $(ROLE)) go test $(GO_TEST_FLAGS) -timeout 30m -run TestMoleculeRole -v ./test/molecule/
+
 test-hosts: deps rootfs
 	$(RUNNER_PATH) go test $(GO_TEST_FLAGS) -v ./test/hostenv/
 

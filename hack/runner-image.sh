@@ -406,7 +406,11 @@ build_bin() {
 	rm -rf "${bd:?}"
 	mkdir -p "$bd"
 	local b binds="" cases=""
-	for b in /tmp /run "$REPO" "$CACHE"; do
+	# The machine's files the tools may need: temp dirs, the checkout and
+	# the cache, and home directories (an author's roles: make
+	# molecule-role ROLE=~/roles/x, kpssh validate --content ~/roles).
+	for b in /tmp /run /root /home "$REPO" "$CACHE"; do
+		[[ -d $b ]] || continue
 		binds+=$(printf '\t--bind %q %q \\\n' "$b" "$b")$'\n'
 		cases+=$(printf '%q | %q/* | ' "$b" "$b")
 	done

@@ -59,7 +59,7 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 func newContentRoles(content []string, runBase string) (*contentRoles, error) {
 	coll, err := engine.FindCollectionsPath()
 	if err != nil {
-		return nil, usageErr("the shipped collection dklesev.kpssh: %v (run kpssh from a checkout or the runner image)", err)
+		return nil, usageErr("the shipped collection dklesev.kpssh: %v (run kpssh from a checkout or the runner image, or install the collection)", err)
 	}
 	c := &contentRoles{collections: []string{coll}}
 	if r, err := engine.FindRolesPath(); err == nil {

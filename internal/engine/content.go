@@ -37,6 +37,35 @@ const (
 	maxRoleFileSize = 1 << 20
 )
 
+// ansibleCollectionsPaths is where ansible itself looks for collections:
+// ANSIBLE_COLLECTIONS_PATH (or the older ANSIBLE_COLLECTIONS_PATHS), else
+// its default, ~/.ansible/collections and /usr/share/ansible/collections.
+func ansibleCollectionsPaths() []string {
+	for _, v := range []string{"ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_COLLECTIONS_PATHS"} {
+		if p := SplitPaths(os.Getenv(v)); len(p) > 0 {
+			return p
+		}
+	}
+	var out []string
+	if home, err := os.UserHomeDir(); err == nil {
+		out = append(out, filepath.Join(home, ".ansible", "collections"))
+	}
+	return append(out, "/usr/share/ansible/collections")
+}
+
+// installedCollection finds the project's collection where ansible-galaxy
+// installed it (an author's machine: kpssh validate and render outside a
+// checkout): the first of ansible's collections paths that holds it, with
+// the engine's plugins.
+func installedCollection() (string, bool) {
+	for _, p := range ansibleCollectionsPaths() {
+		if abs, err := filepath.Abs(p); err == nil && exists(filepath.Join(abs, "ansible_collections/dklesev/kpssh/plugins/callback/kpssh_events.py")) {
+			return abs, true
+		}
+	}
+	return "", false
+}
+
 // SplitPaths splits a colon-separated path list (KPSSH_ROLES_PATH,
 // KPSSH_COLLECTIONS_PATH), dropping empty entries.
 func SplitPaths(s string) []string {

@@ -391,3 +391,38 @@ func TestBrokenContentOtherRolesRun(t *testing.T) {
 	r = e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(0), Source: Source{Role: "ansible_broken"}, Context: joinContext(w.Host(0)), Timeout: time.Minute})
 	mustOutcome(t, r, ConfigError)
 }
+
+// TestFindInstalledCollection: outside a checkout and the image (an author's
+// machine), the project's collection is found where ansible-galaxy installed
+// it — ansible's own collections path — and the shipped roles in it.
+func TestFindInstalledCollection(t *testing.T) {
+	if exists("/usr/share/kpssh/collections") {
+		t.Skip("the runner image's collection is found first here")
+	}
+	t.Chdir(t.TempDir()) // not a checkout
+	base := t.TempDir()
+	a, b, home := filepath.Join(base, "a"), filepath.Join(base, "b"), filepath.Join(base, "home")
+	coll := map[string]string{
+		"ansible_collections/dklesev/kpssh/plugins/callback/kpssh_events.py":   "# stand-in\n",
+		"ansible_collections/dklesev/kpssh/roles/tls_bootstrap/tasks/join.yml": "- ansible.builtin.meta: noop\n",
+	}
+	writeTree(t, b, coll)
+	writeTree(t, filepath.Join(home, ".ansible", "collections"), coll)
+	t.Setenv("HOME", home)
+
+	t.Setenv("ANSIBLE_COLLECTIONS_PATH", a+":"+b)
+	if p, err := FindCollectionsPath(); err != nil || p != b {
+		t.Errorf("FindCollectionsPath = %q, %v; want %s", p, err, b)
+	}
+	if p, err := FindRolesPath(); err != nil || p != filepath.Join(b, collectionRolesDir) {
+		t.Errorf("FindRolesPath = %q, %v; want the installed collection's roles", p, err)
+	}
+	t.Setenv("ANSIBLE_COLLECTIONS_PATH", "")
+	if p, err := FindCollectionsPath(); err != nil || p != filepath.Join(home, ".ansible", "collections") {
+		t.Errorf("ansible's default path: FindCollectionsPath = %q, %v", p, err)
+	}
+	t.Setenv("ANSIBLE_COLLECTIONS_PATH", a)
+	if _, err := FindCollectionsPath(); err == nil || !strings.Contains(err.Error(), "ansible-galaxy collection install") || !strings.Contains(err.Error(), a) {
+		t.Errorf("not installed: %v", err)
+	}
+}

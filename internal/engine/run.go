@@ -212,9 +212,18 @@ func New(o Options) (*Local, error) {
 
 // FindCollectionsPath looks for the project's collection: the runner image
 // location /usr/share/kpssh/collections, else playbooks/collections in a
-// parent of the working directory (a checkout).
+// parent of the working directory (a checkout), else where ansible-galaxy
+// installed it (installedCollection: an author's machine).
 func FindCollectionsPath() (string, error) {
-	return findShared("collections", "playbooks/collections", "ansible_collections/dklesev/kpssh")
+	p, err := findShared("collections", "playbooks/collections", "ansible_collections/dklesev/kpssh")
+	if err == nil {
+		return p, nil
+	}
+	if p, ok := installedCollection(); ok {
+		return p, nil
+	}
+	return "", fmt.Errorf("%w, nor installed in ansible's collections path %s (ansible-galaxy collection install dklesev-kpssh-<version>.tar.gz: make collection builds it)",
+		err, strings.Join(ansibleCollectionsPaths(), ":"))
 }
 
 // FindRolesPath looks for the shipped roles: the runner image's collection
@@ -224,7 +233,14 @@ func FindRolesPath() (string, error) {
 	if p := filepath.Join("/usr/share/kpssh/collections", collectionRolesDir); exists(p) {
 		return p, nil
 	}
-	return findShared("roles", "roles", "")
+	p, err := findShared("roles", "roles", "")
+	if err == nil {
+		return p, nil
+	}
+	if c, ok := installedCollection(); ok && exists(filepath.Join(c, collectionRolesDir)) {
+		return filepath.Join(c, collectionRolesDir), nil
+	}
+	return "", err
 }
 
 // collectionRolesDir is the project collection's roles directory, relative

@@ -83,9 +83,7 @@ func TestE2E(t *testing.T) {
 // brokenScenarios are out of the default sequence, each with why (the
 // issue tracker has it too): a listed scenario runs only when
 // KPSSH_E2E_ONLY names it, or in sequence with KPSSH_E2E_BROKEN=1.
-var brokenScenarios = map[string]string{
-	"ContentRole": "green after JobExec in a warm full run (117 s) but failed again (521 s) in a fresh-clone .ci/run at 151ec44; issue 16",
-}
+var brokenScenarios = map[string]string{}
 
 func (w *world) withT(t *testing.T) *world {
 	c := *w

@@ -350,6 +350,11 @@ func (r *runner) step(ctx context.Context, sc *scenario, tg target, step string)
 		return playbookErr(step, out, err)
 	case "converge":
 		out, err := r.playbook(ctx, sc, tg, "converge.yml")
+		if err == nil && !strings.Contains(out, "\nTASK [") {
+			// e.g. an import_role of a role ansible found without its
+			// task files: nothing ran, so nothing was tested
+			return fmt.Errorf("converge ran no task on the host (is the role where the scenario's ANSIBLE_ROLES_PATH says, and readable?)")
+		}
 		return playbookErr(step, out, err)
 	case "idempotence":
 		out, err := r.playbook(ctx, sc, tg, "converge.yml")

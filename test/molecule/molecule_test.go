@@ -176,6 +176,7 @@ func brokenScenarios(t *testing.T) []brokenCase {
 		{load("nonidempotent"), "idempotence", []string{`kpssh_broken : Stamp the time (changes on every run)`, "second converge changed 1 task"}},
 		{load("missing_var"), "converge", []string{`task "kpssh_broken : Check var k8sMinor"`, "var k8sMinor is required"}},
 		{load("checkunsafe"), "check", []string{"kpssh_broken : Write the marker where the command said", "would change 1 task(s)"}},
+		{load("ran_nothing"), "converge", []string{"converge ran no task on the host"}},
 	}
 }
 
