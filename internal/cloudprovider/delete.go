@@ -46,6 +46,9 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 
 	state, msg := v1beta1.HostAvailable, "released by NodeClaim "+nodeClaim.Name
 	var lastPhase *v1beta1.LastPhase
+	// The record leave's progress may replace (a Running lastPhase, written
+	// while leave runs): a failed verify's is kept below.
+	before := h.Status.LastPhase.DeepCopy()
 	// A host that never got to join has nothing to leave: the claim
 	// happened, install may have run, but no kubelet was started. One whose
 	// join started may run a kubelet even with no InUse written and its
@@ -67,6 +70,9 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		// The claim ended on a failed verify: leave ran, but what verify
 		// found is still on the host, and lastPhase keeps the failed task.
 		state, msg, lastPhase = v1beta1.HostUnhealthy, "verify failed under NodeClaim "+nodeClaim.Name+" (leave ran): "+v.Message, nil
+		if before != nil && before.Phase == v1beta1.PhaseVerify {
+			lastPhase = before
+		}
 	}
 	if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil {
 		return err
