@@ -76,7 +76,7 @@ func (f *fixture) leaveProvider(marker string, objs ...client.Object) (*v1beta1.
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return host, leave.NewEngine(c, phase.New(f.e, keys, nil)), creds
+	return host, leave.NewEngine(c, phase.New(f.e, keys, nil), nil), creds
 }
 
 // leaveWithoutSignedLeave: a Verified host whose kubelet runs, and no
@@ -117,5 +117,61 @@ func (f *fixture) leaveWithoutSignedLeave() {
 		if got := f.kubeletState(); got != "inactive disabled" {
 			f.t.Errorf("%s: after leave the kubelet is %q, want inactive disabled", c.name, got)
 		}
+	}
+}
+
+// fallbackLeaveOp: the shim's fallback-leave op runs only the operator's
+// provisioned file — nothing the controller sends (stdin is not read) — and
+// refuses a file that anyone but root could have changed, or none at all;
+// through the engine such a host's leave fails (the host is then held
+// Unhealthy, never released Available: internal/cloudprovider).
+func (f *fixture) fallbackLeaveOp() {
+	f.t.Helper()
+	const file = "/etc/kpssh/fallback-leave"
+	if got := f.w.MustRun(0, "stat -c '%U:%G %a' "+file); got != "root:root 644" {
+		f.t.Fatalf("provisioned %s: %s, want root:root 644", file, got)
+	}
+	defer f.w.MustRun(0, "systemctl disable --now kubelet.service 2>/dev/null || true; rm -f /etc/systemd/system/kubelet.service; systemctl daemon-reload")
+	// What the controller sends is not what runs.
+	if got := f.w.MustRun(0, fakeKubelet); got != "active" {
+		f.t.Fatalf("stand-in kubelet %q", got)
+	}
+	if rc, out := f.sshAsKpssh("kpssh-shim fallback-leave 60", []byte("#!/bin/bash\ntouch "+marker+"\n")); rc != 0 {
+		f.t.Fatalf("fallback-leave op: exit %d: %s", rc, out)
+	}
+	f.markerGone("a script sent on the fallback-leave op's stdin")
+	if got := f.kubeletState(); got != "inactive disabled" {
+		f.t.Fatalf("after the fallback-leave op the kubelet is %q", got)
+	}
+	// A file someone but root could have written is refused, and so is none.
+	for _, c := range []struct{ name, breakIt, want string }{
+		{"group-writable", "chmod 664 " + file, "writable by group or others"},
+		{"owned by the kpssh login", "chown kpssh " + file, "not owned by root"},
+		{"a symlink", "mv " + file + " " + file + ".real && ln -s " + file + ".real " + file, "no " + file},
+		{"missing", "mv " + file + " " + file + ".real", "no " + file},
+		{"its directory writable by others", "chmod 777 /etc/kpssh", "/etc/kpssh is not owned by root or is writable"},
+	} {
+		f.w.MustRun(0, fakeKubelet)
+		f.w.MustRun(0, "cp -p "+file+" /var/tmp/fallback-leave.bak && "+c.breakIt)
+		rc, out := f.sshAsKpssh("kpssh-shim fallback-leave 60", nil)
+		f.w.MustRun(0, "chmod 755 /etc/kpssh; rm -f "+file+" "+file+".real; cp -p /var/tmp/fallback-leave.bak "+file+" && chown root:root "+file+" && chmod 644 "+file)
+		if rc != 1 || !strings.Contains(out, c.want) {
+			f.t.Errorf("%s: exit %d (%s), want 1 saying %q", c.name, rc, strings.TrimSpace(out), c.want)
+		}
+		if got := f.kubeletState(); got != "active enabled" {
+			f.t.Errorf("%s: the refused op ran something: kubelet %q", c.name, got)
+		}
+	}
+	// Through the engine, a host without the file: the leave fails (shim
+	// exit 1) and says how to fix it.
+	f.w.MustRun(0, "mv "+file+" "+file+".real")
+	defer f.w.MustRun(0, "mv "+file+".real "+file)
+	host, _, _ := f.leaveProvider("")
+	_, r := f.verifiedRunner(f.w.Host(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out := r.RunFallbackLeave(ctx, host, leave.EmptyContext(host))
+	if out.OK() || out.RC != 1 || !strings.Contains(out.Message, "provision the host") {
+		f.t.Fatalf("fallback leave without the file: %s rc %d: %s", out.Outcome, out.RC, out.Message)
 	}
 }
