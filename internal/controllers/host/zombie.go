@@ -95,8 +95,7 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 		setState(h, v1beta1.HostUnhealthy, h.Status.LastProbeError, now)
 		// Owed until a leave succeeds: the next probe tries again even if
 		// the kubelet looks stopped then.
-		h.SetLeaveFailed(leave.Outcome(leaveErr), "leave by the zombie guard did not succeed, so the kubelet may still run: "+
-			leaveErr.Error()+"; the host stays Unhealthy and the probe runs leave again until one succeeds", now)
+		leave.RecordError(h, leaveErr, "by the zombie guard", now)
 		zombieActions.WithLabelValues(ActionLeaveFailed).Inc()
 		c.Recorder.Publish(zombieLeaveFailed(h, leaveErr))
 		return reconcile.Result{RequeueAfter: c.Interval}, true, patchStatus(ctx, c.Client, orig, h)

@@ -2,7 +2,6 @@ package leave
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -56,16 +55,6 @@ func (v *viaEngine) Leave(ctx context.Context, host *v1beta1.SSHHost, _ hostkey.
 type Error struct{ Result Result }
 
 func (e *Error) Error() string { return e.Result.Summary() }
-
-// Outcome is the engine outcome of err's leave ("Failed" for any other
-// error): the reason of the LeaveFailed condition.
-func Outcome(err error) string {
-	var le *Error
-	if errors.As(err, &le) {
-		return string(le.Result.Result.Outcome)
-	}
-	return string(engine.Failed)
-}
 
 // Result is a leave run: its outcome, and why the fallback leave ran
 // instead of the profile's ("" when it did not).

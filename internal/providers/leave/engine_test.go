@@ -100,8 +100,12 @@ func TestRun(t *testing.T) {
 			if (err == nil) != tc.wantOK {
 				t.Fatalf("Leave: %v, want ok %v", err, tc.wantOK)
 			}
-			if err != nil && Outcome(err) != string(res.Result.Outcome) {
-				t.Fatalf("Outcome(%v) %q, want %q", err, Outcome(err), res.Result.Outcome)
+			if err != nil {
+				h := h.DeepCopy()
+				RecordError(h, err, "by the zombie guard", metav1.Now())
+				if c := h.StatusConditions().Get(v1beta1.ConditionLeaveFailed); c == nil || c.Reason != string(res.Result.Outcome) {
+					t.Fatalf("LeaveFailed after %v: %+v, want reason %s", err, c, res.Result.Outcome)
+				}
 			}
 			if got := len(rec.events) == 1 && rec.events[0].Reason == ReasonLeaveFallback; got != (tc.wantFallback != "") {
 				t.Fatalf("events %+v, want LeaveFallback %v", rec.events, tc.wantFallback != "")

@@ -1,11 +1,14 @@
 package leave
 
 import (
+	"errors"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/karpenter/pkg/events"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
 )
 
 // SSHHost event reasons of a leave.
@@ -29,9 +32,22 @@ func Record(h *v1beta1.SSHHost, res Result, when string, now metav1.Time) {
 	h.SetLeaveFailed(string(res.Result.Outcome), FailedMessage(res, when), now)
 }
 
+// RecordError is Record for the error of a Provider's Leave (an *Error, or
+// any other failure: reason Failed).
+func RecordError(h *v1beta1.SSHHost, err error, when string, now metav1.Time) {
+	var le *Error
+	if errors.As(err, &le) {
+		Record(h, le.Result, when, now)
+		return
+	}
+	h.SetLeaveFailed(string(engine.Failed), failedMessage(err.Error(), when), now)
+}
+
 // FailedMessage says what failed and what the host controller does next.
-func FailedMessage(res Result, when string) string {
-	return "leave " + when + " did not succeed, so the kubelet may still run: " + res.Summary() +
+func FailedMessage(res Result, when string) string { return failedMessage(res.Summary(), when) }
+
+func failedMessage(summary, when string) string {
+	return "leave " + when + " did not succeed, so the kubelet may still run: " + summary +
 		"; the host stays Unhealthy and the probe runs leave again until one succeeds"
 }
 

@@ -131,11 +131,11 @@ func FallbackLeaveRequest(h *v1beta1.SSHHost, conn engine.Connection, c engine.C
 // Run runs phase ph of profile p on host h. It never returns an error: every
 // failure is an Outcome (ConfigError when nothing reached the host).
 func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) Outcome {
-	return r.runPhase(ctx, h, ph, profileName(p), r.profileRequest(h, p, ph, c, redact))
+	return r.runPhase(ctx, h, ph, profileName(p), profileRequest(h, p, ph, c, redact))
 }
 
 // profileRequest builds phase ph of profile p (Request).
-func (r *Runner) profileRequest(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) requestFunc {
+func profileRequest(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) requestFunc {
 	return func(conn engine.Connection) (engine.Request, error) { return Request(h, p, ph, conn, c, redact) }
 }
 
