@@ -125,14 +125,18 @@ func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, erro
 	}
 	out := &Rendered{Host: h, Phase: o.Phase}
 	var pc engine.Context
+	fallback := false // leave runs phase.FallbackLeaveRequest
 	var redact []string
 	if o.Phase.AddressesOnly() {
 		if o.NodeClass != "" {
 			r.warn("--nodeclass %s is ignored for %s: %s runs the install marker's profile with the empty context", o.NodeClass, o.Phase, o.Phase)
 		}
-		p, err := leave.Profile(ctx, r.Client, h)
+		p, _, err := leave.Resolve(ctx, r.Client, h)
 		if err != nil {
 			return nil, runtimeErr("read the install marker's profile: %w", err)
+		}
+		if p == nil {
+			p, fallback = leave.FallbackProfile(), o.Phase == engine.PhaseLeave
 		}
 		out.Profile = p
 		out.ProfileFrom = leaveProfileFrom(h, p)
@@ -178,6 +182,14 @@ func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, erro
 		return nil, runtimeErr("placeholder key: %w", err)
 	}
 	req, err := phase.Request(h, out.Profile, o.Phase, conn, pc, redact)
+	if o.Phase == engine.PhaseLeave && (fallback || err != nil) {
+		// What the controller does (leave.Run): the fallback leave when
+		// there is no profile leave, or when it is refused before it runs.
+		if err != nil {
+			out.Inputs = append(out.Inputs, fmt.Sprintf("the profile's leave is refused before it runs (%v): the controller runs the fallback leave", err))
+		}
+		req, err = phase.FallbackLeaveRequest(h, conn, pc), nil
+	}
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
