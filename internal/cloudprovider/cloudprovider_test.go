@@ -963,6 +963,22 @@ func TestGetInstanceTypes(t *testing.T) {
 			t.Fatalf("%s: %v %v", name, its, err)
 		}
 	}
+	// On-demand only to a NodePool that cannot use the reservation.
+	onDemand := pools["ours"].DeepCopy()
+	onDemand.Spec.Template.Spec.Requirements = []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}}}
+	for np, want := range map[*karpv1.NodePool]bool{pools["ours"]: false, onDemand: true} {
+		its, err := w.cp.GetInstanceTypes(context.Background(), np)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range its {
+			for _, o := range it.Offerings {
+				if it.Name == "small" && o.CapacityType() == karpv1.CapacityTypeOnDemand && o.Available != want {
+					t.Errorf("NodePool requirements %v: small on-demand available %v, want %v", np.Spec.Template.Spec.Requirements, o.Available, want)
+				}
+			}
+		}
+	}
 }
 
 func TestIsDrifted(t *testing.T) {

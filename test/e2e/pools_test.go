@@ -25,13 +25,17 @@ import (
 // within the NodePool's budget of one node, each old node is drained and
 // leaves, its pod pends, a new claim takes the freed host, installs the new
 // version and joins, the pod runs again. Never more than one old node
-// disrupted at once; at the end only new claims, every host InUse with the
-// new version, none left Claimed.
+// disrupted at once (Karpenter's count: draining or leaving), one new
+// NodeClaim per node (none launched without a host to take); at the end
+// only new claims, every host InUse with the new version, none Claimed.
 func fullPool(w *world, _ *state) {
 	ctx := context.Background()
 	n := len(w.hosts.Hosts())
-	w.mustKubectl("patch", "nodepool", "ssh", "--type=merge", "-p", `{"spec":{"disruption":{"budgets":[{"nodes":"1"}]}}}`)
-	defer w.mustKubectl("patch", "nodepool", "ssh", "--type=merge", "-p", `{"spec":{"disruption":{"budgets":[{"nodes":"100%"}]}}}`)
+	budget := func(nodes string) {
+		w.mustKubectl("patch", "nodepool", "ssh", "--type=merge", "-p", `{"spec":{"disruption":{"budgets":[{"nodes":"`+nodes+`"}]}}}`)
+	}
+	budget("1")
+	defer budget("100%") // the world's, also when the scenario fails
 	start := time.Now()
 	w.scale(n)
 	w.eventually(fmt.Sprintf("all %d hosts joined, a pause pod on each", n), 10*time.Minute, func() (bool, string) { return w.allJoined(n, w.profile+"@") })
@@ -54,6 +58,7 @@ func fullPool(w *world, _ *state) {
 	marker := w.profile + "@" + w.mustKubectl("get", "sshjoinprofile", w.profile, "-o", "jsonpath={.spec.version}")
 	start = time.Now()
 	gone := map[string]time.Duration{}
+	fresh := map[string]bool{} // every NodeClaim seen that is not an old one
 	maxDisrupted, maxDown := 0, 0
 	w.eventually(fmt.Sprintf("every node replaced, hosts joined with %s", marker), 20*time.Minute, func() (bool, string) {
 		live := map[string]bool{}
@@ -62,11 +67,15 @@ func fullPool(w *world, _ *state) {
 			live[c.Name] = true
 			host, isOld := old[c.Name]
 			if !isOld {
+				fresh[c.Name] = true
 				continue
 			}
+			// Disrupted as Karpenter's budget counts it: marked (the
+			// disrupted taint, or deleting) until its instance is gone
+			// (InstanceTerminating: leave has run, the host is back).
 			node := &corev1.Node{}
 			tainted := w.kube.Get(ctx, client.ObjectKey{Name: host}, node) == nil && hasTaint(node, karpv1.DisruptedTaintKey)
-			if c.DeletionTimestamp != nil || tainted {
+			if (c.DeletionTimestamp != nil || tainted) && !c.StatusConditions().Get(karpv1.ConditionTypeInstanceTerminating).IsTrue() {
 				disrupted++
 			}
 		}
@@ -92,6 +101,9 @@ func fullPool(w *world, _ *state) {
 	if maxDisrupted > 1 {
 		w.t.Errorf("up to %d old nodes disrupted at once; the NodePool's budget is 1", maxDisrupted)
 	}
+	if len(fresh) != n {
+		w.t.Errorf("%d NodeClaims launched for %d nodes (%v): a replacement with no free host to take", len(fresh), n, keys(fresh))
+	}
 	if d := terminateFirst() - decisionsBefore; d < float64(n) {
 		w.t.Errorf("%v terminate-first drift decisions (no-reserved-capacity), want %d: one per node of the full pool", d, n)
 	}
@@ -110,8 +122,9 @@ func fullPool(w *world, _ *state) {
 		times = append(times, d.Round(time.Second).String())
 	}
 	sort.Strings(times)
-	w.t.Logf("full pool of %d: every node replaced with %s in %v (old claims gone at %s); at most %d old node disrupted and %d Node not Ready at once",
+	w.t.Logf("full pool of %d: every node replaced with %s in %v (old claims gone at %s); at most %d old node disrupted (drain, leave) and %d Nodes not Ready at once",
 		n, marker, took.Round(100*time.Millisecond), strings.Join(times, ", "), maxDisrupted, maxDown)
+	budget("100%") // the empty nodes go at once
 	w.scale(0)
 	w.allLeft("full pool: claims, nodes gone; hosts Available")
 }
@@ -260,4 +273,13 @@ func (w *world) staticJoined(claims []karpv1.NodeClaim, n int) (bool, string) {
 		}
 	}
 	return true, ""
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }

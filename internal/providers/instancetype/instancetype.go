@@ -6,8 +6,8 @@
 //
 // A class is offered twice, at the same price: as a capacity reservation
 // (capacity type reserved, its free hosts the reservation's capacity), and
-// on-demand, available while a host is free, for NodePools that allow only
-// on-demand. Hosts you own are a reservation: a fixed number of exclusive
+// on-demand, available while a host is free, to NodePools that allow only
+// on-demand (ForNodePool). Hosts you own are a reservation: a fixed number of exclusive
 // slots, and Karpenter knows to terminate a drifted or unhealthy node first
 // (TerminateFirstDrift, TerminateFirstRepair) only when it holds a slot of a
 // full reservation. A full pool could never launch a replacement first.
@@ -165,6 +165,29 @@ func New(c Class, nc *v1beta1.SSHNodeClass) (*cloudprovider.InstanceType, error)
 		Capacity: capacity,
 		Overhead: &cloudprovider.InstanceTypeOverhead{KubeReserved: reserved},
 	}, nil
+}
+
+// ForNodePool adjusts its, fresh from New, to the NodePool they are offered
+// to: a NodePool that may launch into the hosts' reservation gets no
+// on-demand. Karpenter takes on-demand capacity as unlimited, so it would
+// count the reservation's free hosts again: a batch, or a drift replacement
+// beside pods still pending, would create more NodeClaims than there are
+// free hosts (each failing InsufficientCapacity, a replace-first command
+// aborted with it). The offering stays listed, unavailable, so that nodes
+// the NodePool launched on-demand before are not drifted (Karpenter's
+// InstanceTypeNotFound).
+func ForNodePool(its []*cloudprovider.InstanceType, np *karpv1.NodePool) {
+	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(np.Spec.Template.Spec.Requirements...)
+	if !reqs.Get(karpv1.CapacityTypeLabelKey).Has(karpv1.CapacityTypeReserved) {
+		return
+	}
+	for _, it := range its {
+		for _, o := range it.Offerings {
+			if o.CapacityType() == karpv1.CapacityTypeOnDemand {
+				o.Available = false
+			}
+		}
+	}
 }
 
 // Launched is it as a node of it launches for a NodeClaim of requirements

@@ -155,3 +155,42 @@ func TestFullPoolFreesTheReplacedNodesSlot(t *testing.T) {
 		t.Fatal("the replaced node's slot, credited back by its reservation-id label, cannot be reserved")
 	}
 }
+
+// A NodePool that may use the reservation gets no on-demand (Karpenter
+// would count the free hosts twice); one that allows only on-demand keeps
+// it. Either way both offerings stay listed.
+func TestForNodePool(t *testing.T) {
+	np := func(reqs ...karpv1.NodeSelectorRequirementWithMinValues) *karpv1.NodePool {
+		p := &karpv1.NodePool{}
+		p.Spec.Template.Spec.Requirements = reqs
+		return p
+	}
+	ct := func(op corev1.NodeSelectorOperator, v ...string) karpv1.NodeSelectorRequirementWithMinValues {
+		return karpv1.NodeSelectorRequirementWithMinValues{Key: karpv1.CapacityTypeLabelKey, Operator: op, Values: v}
+	}
+	for _, tc := range []struct {
+		name     string
+		np       *karpv1.NodePool
+		onDemand bool
+	}{
+		{name: "no capacity-type requirement", np: np()},
+		{name: "reserved and on-demand", np: np(ct(corev1.NodeSelectorOpIn, "reserved", "on-demand"))},
+		{name: "reserved only", np: np(ct(corev1.NodeSelectorOpIn, "reserved"))},
+		{name: "on-demand only", np: np(ct(corev1.NodeSelectorOpIn, "on-demand")), onDemand: true},
+		{name: "not reserved", np: np(ct(corev1.NodeSelectorOpNotIn, "reserved")), onDemand: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			it := newType(t, host("a", "small", "amd64", "2", "2Gi"))
+			instancetype.ForNodePool([]*cloudprovider.InstanceType{it}, tc.np)
+			if len(it.Offerings) != 2 {
+				t.Fatalf("offerings %v", it.Offerings)
+			}
+			if od := byCapacityType(t, it, karpv1.CapacityTypeOnDemand); od.Available != tc.onDemand {
+				t.Errorf("on-demand available %v, want %v", od.Available, tc.onDemand)
+			}
+			if res := byCapacityType(t, it, karpv1.CapacityTypeReserved); !res.Available || res.ReservationCapacity != 1 {
+				t.Errorf("reserved: available %v capacity %d", res.Available, res.ReservationCapacity)
+			}
+		})
+	}
+}
