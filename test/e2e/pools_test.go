@@ -117,11 +117,15 @@ func fullPool(w *world, _ *state) {
 			w.t.Errorf("%s: units %q, want %q", h.Name, u, unitsJoined)
 		}
 	}
-	var times []string
+	var ds []time.Duration
 	for _, d := range gone {
+		ds = append(ds, d)
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	var times []string
+	for _, d := range ds {
 		times = append(times, d.Round(time.Second).String())
 	}
-	sort.Strings(times)
 	w.t.Logf("full pool of %d: every node replaced with %s in %v (old claims gone at %s); at most %d old node disrupted (drain, leave) and %d Nodes not Ready at once",
 		n, marker, took.Round(100*time.Millisecond), strings.Join(times, ", "), maxDisrupted, maxDown)
 	budget("100%") // the empty nodes go at once
