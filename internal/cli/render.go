@@ -265,7 +265,8 @@ func (r *Renderer) joinContext(ctx context.Context, o RenderOptions, h *v1beta1.
 
 // hostInstanceType is the instance type of the host's class under nc, built
 // by the controller's own code from this host (its single-valued labels —
-// instance type, arch, os, zone, capacity type — are the class's). A host
+// instance type, arch, os, zone — are the class's; the capacity type is
+// the NodeClaim's, as the claim launched). A host
 // not probed yet (no arch) or a class the node class cannot price gets the
 // instance-type label alone.
 func hostInstanceType(h *v1beta1.SSHHost, nc *v1beta1.SSHNodeClass) *karpcp.InstanceType {

@@ -228,6 +228,7 @@ func (c *CloudProvider) GetInstanceTypes(ctx context.Context, np *karpv1.NodePoo
 		log.FromContext(ctx).Error(err, "building instance types", "SSHNodeClass", klog.KObj(nc))
 		return nil, nil
 	}
+	instancetype.ForNodePool(its, np)
 	return its, nil
 }
 

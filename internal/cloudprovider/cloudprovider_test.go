@@ -548,6 +548,48 @@ func TestCreateCheapestClassFirstAndOldestHost(t *testing.T) {
 	}
 }
 
+// A NodeClaim launches as what Karpenter accounted it: into the class's
+// reservation when it names it (its slot was reserved), on-demand when it
+// allows only that; the kubelet registers with the same labels the
+// NodeClaim carries. A reservation of another class is no capacity here.
+func TestCreateCapacityType(t *testing.T) {
+	req := func(key string, v ...string) karpv1.NodeSelectorRequirementWithMinValues {
+		return karpv1.NodeSelectorRequirementWithMinValues{Key: key, Operator: corev1.NodeSelectorOpIn, Values: v}
+	}
+	for _, tc := range []struct {
+		name        string
+		reqs        []karpv1.NodeSelectorRequirementWithMinValues
+		ct, reserve string // "" ct: InsufficientCapacity
+	}{
+		{name: "on-demand only", reqs: []karpv1.NodeSelectorRequirementWithMinValues{req(karpv1.CapacityTypeLabelKey, "on-demand")}, ct: "on-demand"},
+		{name: "reserved by the scheduler", reqs: []karpv1.NodeSelectorRequirementWithMinValues{req(karpv1.CapacityTypeLabelKey, "reserved"), req(v1beta1.LabelReservationID, "pool_small")},
+			ct: "reserved", reserve: "pool_small"},
+		{name: "another class's reservation", reqs: []karpv1.NodeSelectorRequirementWithMinValues{req(karpv1.CapacityTypeLabelKey, "reserved"), req(v1beta1.LabelReservationID, "pool_big")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, nil, standard(newHost("h1", "small"))...)
+			out, err := w.cp.Create(context.Background(), newNodeClaim("a", func(nc *karpv1.NodeClaim) { nc.Spec.Requirements = tc.reqs }))
+			if tc.ct == "" {
+				if !cloudprovider.IsInsufficientCapacityError(err) || w.host(t, "h1").Status.ClaimRef != nil {
+					t.Fatalf("err %v, host %+v: want InsufficientCapacity, host untouched", err, w.host(t, "h1").Status.ClaimRef)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out.Labels[karpv1.CapacityTypeLabelKey] != tc.ct || out.Labels[v1beta1.LabelReservationID] != tc.reserve {
+				t.Errorf("NodeClaim labels %v, want capacity-type %q reservation-id %q", out.Labels, tc.ct, tc.reserve)
+			}
+			kubelet := w.ph.calls[len(w.ph.calls)-1].Ctx.NodeLabels
+			want := karpv1.CapacityTypeLabelKey + "=" + tc.ct
+			if !strings.Contains(kubelet, want) || strings.Contains(kubelet, v1beta1.LabelReservationID) != (tc.reserve != "") {
+				t.Errorf("kubelet labels %q, want %s and reservation-id %q", kubelet, want, tc.reserve)
+			}
+		})
+	}
+}
+
 func TestCreateClaimConflictMovesOn(t *testing.T) {
 	var once sync.Once
 	funcs := &interceptor.Funcs{SubResourcePatch: func(ctx context.Context, c client.Client, sub string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
@@ -976,14 +1018,30 @@ func TestGetInstanceTypes(t *testing.T) {
 	}
 	got := map[string]bool{}
 	for _, it := range its {
-		got[it.Name] = it.Offerings[0].Available
+		got[it.Name] = len(it.Offerings.Launchable()) > 0
 	}
 	if len(got) != 2 || got["small"] != true || got["full"] != false {
-		t.Fatalf("instance types %v (want small available, full unavailable; mixed and new absent)", got)
+		t.Fatalf("instance types launchable %v (want small launchable, full not; mixed and new absent)", got)
 	}
 	for _, name := range []string{"other", "gone"} {
 		if its, err := w.cp.GetInstanceTypes(context.Background(), pools[name]); err != nil || len(its) != 0 {
 			t.Fatalf("%s: %v %v", name, its, err)
+		}
+	}
+	// On-demand only to a NodePool that cannot use the reservation.
+	onDemand := pools["ours"].DeepCopy()
+	onDemand.Spec.Template.Spec.Requirements = []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}}}
+	for np, want := range map[*karpv1.NodePool]bool{pools["ours"]: false, onDemand: true} {
+		its, err := w.cp.GetInstanceTypes(context.Background(), np)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range its {
+			for _, o := range it.Offerings {
+				if it.Name == "small" && o.CapacityType() == karpv1.CapacityTypeOnDemand && o.Available != want {
+					t.Errorf("NodePool requirements %v: small on-demand available %v, want %v", np.Spec.Template.Spec.Requirements, o.Available, want)
+				}
+			}
 		}
 	}
 }

@@ -212,6 +212,13 @@ func driftCondition(h *v1beta1.SSHHost) string {
 // classes, from the controller's own /metrics.
 func (w *world) driftChecks(outcome string) float64 {
 	w.t.Helper()
+	return w.metricSum("kpssh_host_drift_checks_total", `outcome="`+outcome+`"`)
+}
+
+// metricSum sums the series of metric name whose labels contain every one
+// of labels (`key="value"`), from the controller's own /metrics.
+func (w *world) metricSum(name string, labels ...string) float64 {
+	w.t.Helper()
 	resp, err := http.Get("http://127.0.0.1:" + w.ctrl.metricsPort + "/metrics")
 	if err != nil {
 		w.t.Fatal(err)
@@ -222,9 +229,15 @@ func (w *world) driftChecks(outcome string) float64 {
 		w.t.Fatal(err)
 	}
 	sum := 0.0
+lines:
 	for _, l := range strings.Split(string(body), "\n") {
-		if !strings.HasPrefix(l, "kpssh_host_drift_checks_total{") || !strings.Contains(l, `outcome="`+outcome+`"`) {
+		if !strings.HasPrefix(l, name+"{") && !strings.HasPrefix(l, name+" ") {
 			continue
+		}
+		for _, m := range labels {
+			if !strings.Contains(l, m) {
+				continue lines
+			}
 		}
 		f := strings.Fields(l)
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
