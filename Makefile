@@ -91,8 +91,9 @@ controller-image: deps
 	@hack/runner-image.sh --controller
 
 ## images: runner + controller images. IMAGE_BUILDER=docker|podman|buildah builds the two
-## Dockerfiles with that tool as $(IMAGE_REPO)/kpssh-{runner,controller}:$(IMAGE_TAG);
-## unset, the registry-free build here (hack/runner-image.sh --controller)
+## Dockerfiles with that tool as $(IMAGE_REPO)/kpssh-{runner,controller}:$(IMAGE_TAG) (the
+## controller's compiles itself in a golang build stage); unset, the registry-free build
+## here (hack/runner-image.sh --controller)
 IMAGE_BUILDER ?=
 IMAGE_REPO ?= localhost
 IMAGE_TAG ?= dev
@@ -100,7 +101,6 @@ images:
 ifeq ($(IMAGE_BUILDER),)
 	@$(MAKE) --no-print-directory controller-image
 else
-	CGO_ENABLED=0 go build -trimpath -o bin/controller ./cmd/controller
 	$(if $(filter buildah,$(IMAGE_BUILDER)),buildah bud,$(IMAGE_BUILDER) build) -f images/runner/Dockerfile -t $(IMAGE_REPO)/kpssh-runner:$(IMAGE_TAG) .
 	$(if $(filter buildah,$(IMAGE_BUILDER)),buildah bud,$(IMAGE_BUILDER) build) -f images/controller/Dockerfile \
 	  --build-arg RUNNER=$(IMAGE_REPO)/kpssh-runner:$(IMAGE_TAG) -t $(IMAGE_REPO)/kpssh-controller:$(IMAGE_TAG) .
