@@ -312,8 +312,11 @@ build_runner() {
 go_setup() {
 	[[ -n ${BUILDER_IMG:-} ]] && return 0
 	need_cmd go golang
-	local tc mod json v dir
-	GOHOSTARCH=$(go env GOHOSTARCH)
+	local tc mod json i
+	local names=(GOHOSTARCH GOMODCACHE GOCACHE GOPROXY GOSUMDB GOPRIVATE GONOPROXY GONOSUMDB GOINSECURE GOFLAGS) vals
+	mapfile -t vals < <(go env "${names[@]}")
+	[[ ${#vals[@]} == "${#names[@]}" ]] || die "go env ${names[*]} printed ${#vals[@]} lines"
+	GOHOSTARCH=${vals[0]}
 	tc=$(cd "$REPO" && go mod edit -json | sed -n 's/^\t"Toolchain": "\(.*\)",\{0,1\}$/\1/p')
 	[[ -n $tc ]] || tc=go$(cd "$REPO" && go mod edit -json | sed -n 's/^\t"Go": "\(.*\)",\{0,1\}$/\1/p')
 	mod=golang.org/toolchain@v0.0.1-$tc.linux-$GOHOSTARCH
@@ -330,17 +333,16 @@ go_setup() {
 		} | sha256sum | cut -c1-16
 	)
 	GO_BUILD_ARGS=(--build-arg "BUILDPLATFORM=linux/$GOHOSTARCH")
-	for v in GOPROXY GOSUMDB GOPRIVATE GONOPROXY GONOSUMDB GOINSECURE GOFLAGS; do
+	# The caches, not at the paths of the Dockerfile's cache mounts (those
+	# would cover them).
+	mkdir -p "${vals[1]}" "${vals[2]}"
+	GO_BUILD_ARGS+=(--build-arg GOMODCACHE=/kpssh-go/mod -v "${vals[1]}:/kpssh-go/mod"
+		--build-arg GOCACHE=/kpssh-go/cache -v "${vals[2]}:/kpssh-go/cache")
+	for ((i = 3; i < ${#names[@]}; i++)); do
 		# By name only: buildah takes the value from the environment
 		# (a GOPROXY may carry credentials; argv is world-readable).
-		export "$v=$(go env "$v")"
-		GO_BUILD_ARGS+=(--build-arg "$v")
-	done
-	# Not at the paths of the Dockerfile's cache mounts (they would cover them).
-	for v in GOMODCACHE:/kpssh-go/mod GOCACHE:/kpssh-go/cache; do
-		dir=$(go env "${v%%:*}")
-		mkdir -p "$dir"
-		GO_BUILD_ARGS+=(--build-arg "${v%%:*}=${v#*:}" -v "$dir:${v#*:}")
+		export "${names[i]}=${vals[i]}"
+		GO_BUILD_ARGS+=(--build-arg "${names[i]}")
 	done
 }
 

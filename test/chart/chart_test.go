@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -39,6 +40,7 @@ import (
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	karpapis "sigs.k8s.io/karpenter/pkg/apis"
 	coreoptions "sigs.k8s.io/karpenter/pkg/operator/options"
 	"sigs.k8s.io/yaml"
@@ -789,6 +791,7 @@ func TestHelmInstall(t *testing.T) {
 // client and an admin (system:masters) kubeconfig file.
 func startAPIServer(t *testing.T, flags map[string]string) (*rest.Config, client.Client, string) {
 	t.Helper()
+	ctrllog.SetLogger(logr.Discard()) // envtest's own log lines
 	assets, err := testenv.Assets()
 	if err != nil {
 		t.Fatal(err)

@@ -65,13 +65,34 @@ func TestInstallationDoc(t *testing.T) {
 	}
 	blocks := readDocBlocks(t, filepath.Join(w.root, "docs", "installation.md"))
 
+	tmp := t.TempDir()
+	// The user's tools, home and working directory.
+	bin := filepath.Join(tmp, "bin")
+	home := filepath.Join(tmp, "home")
+	work := filepath.Join(tmp, "work")
+	for _, d := range []string{bin, filepath.Join(home, ".ssh"), work} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	// The test binary's own build settings: its packages are in the build cache.
+	if _, stderr, err := testexec.Run(20*time.Minute, nil, "go", "build", "-C", w.root, "-o", filepath.Join(bin, "kpssh"), "./cmd/kpssh"); err != nil {
+		t.Fatalf("go build ./cmd/kpssh: %v\n%s", err, stderr)
+	}
+	t.Logf("kpssh built in %v", time.Since(start).Round(time.Millisecond))
+	for link, target := range map[string]string{filepath.Join(bin, "kubectl-kpssh"): "kpssh", filepath.Join(bin, "helm"): w.helm,
+		filepath.Join(work, "charts"): filepath.Join(w.root, "charts"), filepath.Join(work, "examples"): filepath.Join(w.root, "examples")} {
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// The apiserver, with bootstrap-token auth as the prerequisites ask.
 	_, cl, kubeconfig := startAPIServer(t, map[string]string{"enable-bootstrap-token-auth": "true"})
 	assets, err := testenv.Assets()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmp := t.TempDir()
 	stopKCM := startNamespaceController(t, filepath.Join(assets, "kube-controller-manager"), kubeconfig)
 	t.Cleanup(stopKCM) // before the apiserver stops (cleanups run last-in first-out)
 	ctx := context.Background()
@@ -93,26 +114,6 @@ func TestInstallationDoc(t *testing.T) {
 		waitEstablished(t, cl, c.Name)
 	}
 
-	// The user's tools, home and working directory.
-	bin := filepath.Join(tmp, "bin")
-	home := filepath.Join(tmp, "home")
-	work := filepath.Join(tmp, "work")
-	for _, d := range []string{bin, filepath.Join(home, ".ssh"), work} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	start := time.Now()
-	if _, stderr, err := testexec.Run(20*time.Minute, append(os.Environ(), "CGO_ENABLED=0"), "go", "build", "-C", w.root, "-o", filepath.Join(bin, "kpssh"), "./cmd/kpssh"); err != nil {
-		t.Fatalf("go build ./cmd/kpssh: %v\n%s", err, stderr)
-	}
-	t.Logf("kpssh built in %v", time.Since(start).Round(time.Millisecond))
-	for link, target := range map[string]string{filepath.Join(bin, "kubectl-kpssh"): "kpssh", filepath.Join(bin, "helm"): w.helm,
-		filepath.Join(work, "charts"): filepath.Join(w.root, "charts"), filepath.Join(work, "examples"): filepath.Join(w.root, "examples")} {
-		if err := os.Symlink(target, link); err != nil {
-			t.Fatal(err)
-		}
-	}
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -166,6 +167,9 @@ func TestInstallationDoc(t *testing.T) {
 			err := cl.Get(ctx, client.ObjectKey{Namespace: "kube-system", Name: "bootstrap-token-kpchk0"}, &corev1.Secret{})
 			if !apierrors.IsNotFound(err) {
 				t.Errorf("the check's token Secret: %v, want it deleted", err)
+			}
+			if kc, err := os.ReadFile(kubeconfig); err != nil || bytes.Contains(kc, []byte("kpssh-check")) || bytes.Contains(kc, []byte("kpchk0")) {
+				t.Errorf("the check's user is left in the kubeconfig (%v):\n%s", err, kc)
 			}
 		},
 		"Add hosts, a profile, a node class and a NodePool": func(t *testing.T, out string) {
