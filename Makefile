@@ -10,7 +10,7 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: collection node-assets runner-bin test-prereqs all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts molecule molecule-role bench demo demo-down e2e clean-world
+.PHONY: collection node-assets runner-bin test-prereqs all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts test-cross molecule molecule-role bench demo demo-down e2e clean-world
 
 all: build
 
@@ -91,8 +91,9 @@ controller-image: deps
 	@hack/runner-image.sh --controller
 
 ## images: runner + controller images. IMAGE_BUILDER=docker|podman|buildah builds the two
-## Dockerfiles with that tool as $(IMAGE_REPO)/kpssh-{runner,controller}:$(IMAGE_TAG);
-## unset, the registry-free build here (hack/runner-image.sh --controller)
+## Dockerfiles with that tool as $(IMAGE_REPO)/kpssh-{runner,controller}:$(IMAGE_TAG) (the
+## controller's compiles itself in a golang build stage); unset, the registry-free build
+## here (hack/runner-image.sh --controller)
 IMAGE_BUILDER ?=
 IMAGE_REPO ?= localhost
 IMAGE_TAG ?= dev
@@ -100,7 +101,6 @@ images:
 ifeq ($(IMAGE_BUILDER),)
 	@$(MAKE) --no-print-directory controller-image
 else
-	CGO_ENABLED=0 go build -trimpath -o bin/controller ./cmd/controller
 	$(if $(filter buildah,$(IMAGE_BUILDER)),buildah bud,$(IMAGE_BUILDER) build) -f images/runner/Dockerfile -t $(IMAGE_REPO)/kpssh-runner:$(IMAGE_TAG) .
 	$(if $(filter buildah,$(IMAGE_BUILDER)),buildah bud,$(IMAGE_BUILDER) build) -f images/controller/Dockerfile \
 	  --build-arg RUNNER=$(IMAGE_REPO)/kpssh-runner:$(IMAGE_TAG) -t $(IMAGE_REPO)/kpssh-controller:$(IMAGE_TAG) .
@@ -143,6 +143,11 @@ molecule: deps rootfs
 molecule-role: deps rootfs
 	@test -n "$(ROLE)" || { echo "usage: make molecule-role ROLE=<role dir>" >&2; exit 2; }
 	$(RUNNER_PATH) KPSSH_MOLECULE_ROLE=$(abspath $(ROLE)) go test $(GO_TEST_FLAGS) -timeout 30m -run TestMoleculeRole -v ./test/molecule/
+
+## test-cross: the controller Dockerfile's build stage cross-compiled for
+## linux/arm64 (not in make test: cold, it compiles every package again)
+test-cross: deps
+	go test $(GO_TEST_FLAGS) -tags cross -timeout 90m -run TestImageCrossBuild -v ./images/controller/
 
 test-hosts: deps rootfs
 	$(RUNNER_PATH) go test $(GO_TEST_FLAGS) -v ./test/hostenv/

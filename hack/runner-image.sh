@@ -5,9 +5,12 @@
 #
 #   hack/runner-image.sh                 build if needed; the last stdout line
 #                                        is the image ref (localhost/kpssh-runner:<key>)
-#   hack/runner-image.sh --controller    also the controller image (its ref is
-#                                        then the last line); skipped, saying
-#                                        so, while ./cmd/controller does not exist
+#   hack/runner-image.sh --controller    also the controller image, built by the
+#                                        multi-stage Dockerfile in a local Go
+#                                        builder image (its ref is the last line)
+#   hack/runner-image.sh --cross ARCH    only the controller Dockerfile's build
+#                                        stage for linux/ARCH (cross-compiling);
+#                                        the last line is the binary's path
 #   hack/runner-image.sh --print-env     print the CONTAINERS_* variables
 #                                        (NAME=value lines) that point podman
 #                                        at this script's config and storage
@@ -26,6 +29,12 @@
 # Podman/buildah settings live in a private config dir (hack/lib/containers.sh);
 # /etc/containers is never touched. Images are stored under
 # ${KPSSH_CACHE:-<repo>/.cache}/runner/storage.
+#
+# The controller (images/controller/Dockerfile) gets as its builder (GOLANG)
+# localhost/kpssh-go-builder:<key>: the same base plus the Go toolchain of
+# go.mod's `toolchain` line, taken from the machine's Go module cache
+# (images/controller/builder.Dockerfile); the build stage gets the machine's
+# `go env` settings, its module and build caches bind-mounted at their paths.
 #
 # Caching: the runner key hashes the base key, the Dockerfile, the staged
 # context (playbooks/collections and roles/, without __pycache__) and this
@@ -53,17 +62,27 @@ SUITE=trixie
 RUNNER_REPO=localhost/kpssh-runner
 BASE_REPO=localhost/kpssh-runner-base
 CONTROLLER_REPO=localhost/kpssh-controller
+CONTROLLER_BUILD_REPO=localhost/kpssh-controller-build
+BUILDER_REPO=localhost/kpssh-go-builder
+# What images/controller/Dockerfile copies (Dockerfile.dockerignore).
+CONTROLLER_CTX=(go.mod go.sum apis cmd internal images/controller/Dockerfile)
 LINT_REPO=localhost/kpssh-runner-lint
 # Bounds for the long steps (a hung mirror must not hang a test run forever).
 STEP_TIMEOUT=${KPSSH_RUNNER_STEP_TIMEOUT:-1800}
 
-usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 controller=0
 bin=0
+cross=
 case ${1:-} in
 "") ;;
 --controller) controller=1 ;;
+--cross)
+	[[ ${2:-} =~ ^[a-z0-9]+$ ]] || usage
+	controller=1 cross=$2
+	shift
+	;;
 --bin) bin=1 ;;
 --print-env)
 	mkdir -p "$RC"
@@ -284,42 +303,128 @@ build_runner() {
 	step "built $IMG in $(($(date +%s) - start))s"
 }
 
-build_controller() {
+# go_setup: the machine's Go (go env) for the controller builds: the host
+# arch, the toolchain of go.mod's `toolchain` line (downloaded into the
+# module cache through the machine's GOPROXY unless it is there already), the
+# builder image's key, and the Go settings the build stage gets: the
+# machine's own, caches included (bind-mounted), so what this machine has
+# fetched or compiled is not fetched or compiled again.
+go_setup() {
+	[[ -n ${BUILDER_IMG:-} ]] && return 0
 	need_cmd go golang
-	take_lock
-	local ctx=$RC/.ctx-controller-$$ key cimg start
-	start=$(date +%s)
-	TMPDIRS+=("$ctx")
-	mkdir -p "$ctx/bin" "$ctx/images/controller"
-	step "go build ./cmd/controller"
-	# A fixed output path: go skips the (slow) link when that binary is
-	# already up to date. Static and path-free, so the key does not depend on
-	# where the checkout is.
-	mkdir -p "$RC/bin"
-	(cd "$REPO" && CGO_ENABLED=0 timeout -k 30 "$STEP_TIMEOUT" go build -trimpath -buildvcs=false \
-		-o "$RC/bin/controller" ./cmd/controller) >>"$LOGF" 2>&1 || die "go build ./cmd/controller failed (see $LOGF)"
-	cp "$RC/bin/controller" "$ctx/bin/controller"
-	cp "$REPO/images/controller/Dockerfile" "$ctx/images/controller/Dockerfile"
-	key=$(
+	local tc mod json i
+	local names=(GOHOSTARCH GOMODCACHE GOCACHE GOPROXY GOSUMDB GOPRIVATE GONOPROXY GONOSUMDB GOINSECURE GOFLAGS) vals
+	mapfile -t vals < <(go env "${names[@]}")
+	[[ ${#vals[@]} == "${#names[@]}" ]] || die "go env ${names[*]} printed ${#vals[@]} lines"
+	GOHOSTARCH=${vals[0]}
+	tc=$(cd "$REPO" && go mod edit -json | sed -n 's/^\t"Toolchain": "\(.*\)",\{0,1\}$/\1/p')
+	[[ -n $tc ]] || tc=go$(cd "$REPO" && go mod edit -json | sed -n 's/^\t"Go": "\(.*\)",\{0,1\}$/\1/p')
+	mod=golang.org/toolchain@v0.0.1-$tc.linux-$GOHOSTARCH
+	json=$(cd / && GOFLAGS= timeout -k 30 "$STEP_TIMEOUT" go mod download -json "$mod" 2>>"$LOGF") ||
+		die "go mod download $mod failed (see $LOGF)"
+	GO_TOOLCHAIN_DIR=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$json")
+	[[ -x $GO_TOOLCHAIN_DIR/bin/go ]] || die "$mod: no bin/go in '$GO_TOOLCHAIN_DIR'"
+	BUILDER_IMG=$BUILDER_REPO:$(
 		{
-			echo "runner=$KEY"
-			hash_files "$ctx" bin/controller images/controller/Dockerfile
+			echo "base=$BASE_KEY"
+			echo "$mod"
+			sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$json"
+			hash_files "$REPO" images/controller/builder.Dockerfile
 		} | sha256sum | cut -c1-16
 	)
-	cimg=$CONTROLLER_REPO:$key
-	if ! image_exists "$cimg"; then
-		step "building $cimg FROM $IMG (log: $LOGF)"
-		timeout -k 30 "$STEP_TIMEOUT" buildah bud --pull=never --layers --force-rm --network=host \
-			--runtime=runc --build-arg "RUNNER=$IMG" \
-			-f "$ctx/images/controller/Dockerfile" -t "$cimg" "$ctx" >>"$LOGF" 2>&1 ||
-			die "buildah bud of images/controller/Dockerfile failed (see $LOGF)"
-		prune_tags "$CONTROLLER_REPO" "$cimg"
-		podman image prune -f >/dev/null 2>&1 || true
-		step "built $cimg in $(($(date +%s) - start))s"
+	GO_BUILD_ARGS=(--build-arg "BUILDPLATFORM=linux/$GOHOSTARCH")
+	# The caches, not at the paths of the Dockerfile's cache mounts (those
+	# would cover them).
+	mkdir -p "${vals[1]}" "${vals[2]}"
+	GO_BUILD_ARGS+=(--build-arg GOMODCACHE=/kpssh-go/mod -v "${vals[1]}:/kpssh-go/mod"
+		--build-arg GOCACHE=/kpssh-go/cache -v "${vals[2]}:/kpssh-go/cache")
+	for ((i = 3; i < ${#names[@]}; i++)); do
+		# By name only: buildah takes the value from the environment
+		# (a GOPROXY may carry credentials; argv is world-readable).
+		export "${names[i]}=${vals[i]}"
+		GO_BUILD_ARGS+=(--build-arg "${names[i]}")
+	done
+}
+
+# build_builder: the Go builder image (images/controller/builder.Dockerfile:
+# the base plus the toolchain), once per key.
+build_builder() {
+	image_exists "$BUILDER_IMG" && return 0
+	local start
+	start=$(date +%s)
+	step "building $BUILDER_IMG FROM $BASE_IMG with $GO_TOOLCHAIN_DIR (log: $LOGF)"
+	timeout -k 30 "$STEP_TIMEOUT" buildah bud --pull=never --layers --force-rm --network=host \
+		--runtime=runc --build-arg "BASE=$BASE_IMG" -f "$REPO/images/controller/builder.Dockerfile" \
+		-t "$BUILDER_IMG" "$GO_TOOLCHAIN_DIR" >>"$LOGF" 2>&1 ||
+		die "buildah bud of images/controller/builder.Dockerfile failed (see $LOGF)"
+	prune_tags "$BUILDER_REPO" "$BUILDER_IMG"
+	step "built $BUILDER_IMG in $(($(date +%s) - start))s"
+}
+
+# build_controller [ARCH]: images/controller/Dockerfile with buildah, the
+# builder as GOLANG and the runner as RUNNER. With ARCH, only its build stage
+# for linux/ARCH (a cross-compile: the runner exists here for the machine's
+# arch only), and the binary is copied out to $RC/bin/controller-linux-ARCH;
+# the last stdout line is the image ref or that path. The key hashes the
+# runner and builder keys, the staged context and GOFLAGS.
+build_controller() {
+	local arch=${1:-} ctx=$RC/.ctx-controller-$$ key ref start c
+	start=$(date +%s)
+	take_lock
+	go_setup
+	if ! image_exists "$BASE_IMG"; then # pruned since the runner was built
+		step "building base $BASE_IMG (log: $LOGF)"
+		build_base "$BASE_IMG"
 	fi
-	podman tag "$cimg" "$CONTROLLER_REPO:dev"
+	build_builder
+	TMPDIRS+=("$ctx")
+	mkdir -p "$ctx"
+	# What Dockerfile.dockerignore lets through.
+	tar -C "$REPO" --exclude='*_test.go' --exclude=testdata -cf - "${CONTROLLER_CTX[@]}" | tar -C "$ctx" -xf - ||
+		die "staging the controller build context failed"
+	key=$(
+		{
+			echo "runner=$KEY builder=$BUILDER_IMG goflags=$GOFLAGS"
+			hash_files "$ctx" "${CONTROLLER_CTX[@]}"
+		} | sha256sum | cut -c1-16
+	)
+	local args=(--build-arg "GOLANG=$BUILDER_IMG" --build-arg "RUNNER=$IMG")
+	if [[ -n $arch ]]; then
+		ref=$CONTROLLER_BUILD_REPO:$key-$arch
+		args+=(--platform "linux/$arch" --target build)
+	else
+		ref=$CONTROLLER_REPO:$key
+	fi
+	if ! image_exists "$ref"; then
+		step "building $ref FROM $BUILDER_IMG${arch:+ (cross-compiling for linux/$arch)} (log: $LOGF)"
+		mkdir -p "$RC/tmp"
+		# TMPDIR: where buildah keeps the Dockerfile's cache mounts (empty
+		# here: the machine's caches are used instead).
+		TMPDIR=$RC/tmp timeout -k 30 "$STEP_TIMEOUT" buildah bud --pull=never --layers --force-rm \
+			--network=host --runtime=runc "${args[@]}" "${GO_BUILD_ARGS[@]}" \
+			-f "$ctx/images/controller/Dockerfile" -t "$ref" "$ctx" >>"$LOGF" 2>&1 ||
+			die "buildah bud of images/controller/Dockerfile${arch:+ (build stage, linux/$arch)} failed (see $LOGF)"
+		prune_tags "${ref%:*}" "$ref"
+		podman image prune -f >/dev/null 2>&1 || true
+		step "built $ref in $(($(date +%s) - start))s"
+	fi
 	rm -rf --one-file-system "$ctx"
-	echo "$cimg"
+	if [[ -z $arch ]]; then
+		podman tag "$ref" "$CONTROLLER_REPO:dev"
+		echo "$ref"
+		return 0
+	fi
+	local out=$RC/bin/controller-linux-$arch
+	mkdir -p "$RC/bin"
+	c=$(buildah from --pull=never "$ref") || die "buildah from $ref failed"
+	CONTAINERS+=("$c")
+	local mnt
+	mnt=$(buildah mount "$c") || die "buildah mount $ref failed"
+	cp "$mnt/out/controller" "$out.tmp-$$" && mv "$out.tmp-$$" "$out" || die "copying the binary out of $ref failed"
+	buildah umount "$c" >/dev/null
+	buildah rm "$c" >/dev/null
+	CONTAINERS=()
+	echo "$out"
 }
 
 # The lint image: the runner plus Debian's ansible-lint, for the tests
@@ -456,11 +561,8 @@ if [[ $bin == 1 ]]; then
 	exit 0
 fi
 if [[ $controller == 1 ]]; then
-	if [[ -d $REPO/cmd/controller ]]; then
-		echo "$IMG"
-		build_controller
-		exit 0
-	fi
-	log "controller image skipped: ./cmd/controller does not exist yet"
+	echo "$IMG"
+	build_controller "$cross"
+	exit 0
 fi
 echo "$IMG"

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -39,6 +40,7 @@ import (
 	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	karpapis "sigs.k8s.io/karpenter/pkg/apis"
 	coreoptions "sigs.k8s.io/karpenter/pkg/operator/options"
 	"sigs.k8s.io/yaml"
@@ -616,37 +618,8 @@ func TestChartCRDs(t *testing.T) {
 // admission policy, to bootstrap token Secrets in kube-system.
 func TestHelmInstall(t *testing.T) {
 	w := setup(t)
-	assets, err := testenv.Assets()
-	if err != nil {
-		t.Fatal(err)
-	}
-	scheme := testenv.Scheme()
-	te := &envtest.Environment{BinaryAssetsDirectory: assets, Scheme: scheme, ControlPlaneStartTimeout: 2 * time.Minute, ControlPlaneStopTimeout: time.Minute}
-	cfg, err := te.Start()
-	if err != nil {
-		t.Fatalf("start kube-apiserver: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := te.Stop(); err != nil {
-			t.Errorf("stop kube-apiserver: %v", err)
-		}
-	})
-	user, err := te.ControlPlane.AddUser(envtest.User{Name: "chart-admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, cl, kubeconfig := startAPIServer(t, nil)
+	scheme := cl.Scheme()
 	ctx := context.Background()
 	for _, ns := range []string{"kpssh", "kpssh-system"} {
 		if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
@@ -813,6 +786,49 @@ func TestHelmInstall(t *testing.T) {
 	if err := cl.Get(ctx, client.ObjectKey{Namespace: "kpssh", Name: "kpssh"}, &appsv1.Deployment{}); err == nil {
 		t.Error("Deployment left after uninstall")
 	}
+}
+
+// startAPIServer starts a kube-apiserver without CRDs for one test (stopped
+// when it ends), with extra kube-apiserver flags, and returns its config, a
+// client and an admin (system:masters) kubeconfig file.
+func startAPIServer(t *testing.T, flags map[string]string) (*rest.Config, client.Client, string) {
+	t.Helper()
+	ctrllog.SetLogger(logr.Discard()) // envtest's own log lines
+	assets, err := testenv.Assets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheme := testenv.Scheme()
+	te := &envtest.Environment{BinaryAssetsDirectory: assets, Scheme: scheme, ControlPlaneStartTimeout: 2 * time.Minute, ControlPlaneStopTimeout: time.Minute}
+	for k, v := range flags {
+		te.ControlPlane.GetAPIServer().Configure().Set(k, v)
+	}
+	cfg, err := te.Start()
+	if err != nil {
+		t.Fatalf("start kube-apiserver: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := te.Stop(); err != nil {
+			t.Errorf("stop kube-apiserver: %v", err)
+		}
+	})
+	user, err := te.ControlPlane.AddUser(envtest.User{Name: "chart-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, cl, kubeconfig
 }
 
 // checkTokenSecretPolicy: as the controller's ServiceAccount (asSA), the
