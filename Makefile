@@ -35,11 +35,13 @@ generate: $(CONTROLLER_GEN)
 	  crd output:crd:artifacts:config=apis/crds
 	$(MAKE) chart-crds
 
-## chart-crds: the chart's CRDs = apis/crds + Karpenter core's (a test fails on drift)
+## chart-crds: the chart's CRDs: apis/crds into crds/ (Helm installs them once),
+## Karpenter core's into karpenter-crds/ (templates, karpenterCRDs.install); a test fails on drift
 chart-crds:
+	rm -f charts/kpssh/crds/*.yaml charts/kpssh/karpenter-crds/*.yaml
 	cp apis/crds/*.yaml charts/kpssh/crds/
-	cp $$(go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter)/pkg/apis/crds/*.yaml charts/kpssh/crds/
-	chmod 0644 charts/kpssh/crds/*.yaml
+	cp $$(go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter)/pkg/apis/crds/*.yaml charts/kpssh/karpenter-crds/
+	chmod 0644 charts/kpssh/crds/*.yaml charts/kpssh/karpenter-crds/*.yaml
 
 ## helm: the helm CLI built from the Go module proxy (cached; prints its path)
 helm:

@@ -34,6 +34,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
@@ -194,7 +195,7 @@ func TestLintAndTemplate(t *testing.T) {
 		}
 	}
 	def := kinds(w.template(t))
-	for k, n := range map[string]int{"Deployment": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 5, "RoleBinding": 5, "Service": 1} {
+	for k, n := range map[string]int{"Deployment": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Role": 5, "RoleBinding": 5, "Service": 1, "CustomResourceDefinition": 4} {
 		if def[k] != n {
 			t.Errorf("defaults: %d %s, want %d (all: %v)", def[k], k, n, def)
 		}
@@ -466,6 +467,8 @@ func TestBadValuesRefused(t *testing.T) {
 		{"networkPolicy.egress.typo=1", "additional properties 'typo' not allowed"},
 		{"tokenSecretPolicy.typo=1", "additional properties 'typo' not allowed"},
 		{"global=1", "/global"},
+		{"karpenterCRDs.install=maybe", "/karpenterCRDs/install"},
+		{"karpenterCRDs.typo=1", "additional properties 'typo' not allowed"},
 		{"nameOverride=Bad_Name", "/nameOverride"},
 		{"additionalLabels.a=1", "/additionalLabels/a"},
 		{"settings.featureGates.Typo=true", "additional properties 'Typo' not allowed"},
@@ -566,50 +569,6 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 }
 
-// TestChartCRDs: the chart ships exactly the generated CRDs and Karpenter
-// core's (make chart-crds copies them).
-func TestChartCRDs(t *testing.T) {
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, "charts", "kpssh", "crds")
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chart := map[string]*apiextensionsv1.CustomResourceDefinition{}
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := yaml.UnmarshalStrict(b, crd); err != nil {
-			t.Fatalf("%s: %v", e.Name(), err)
-		}
-		chart[crd.Name] = crd
-	}
-	ours, err := testenv.OurCRDs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := append(append([]*apiextensionsv1.CustomResourceDefinition{}, ours...), karpapis.CRDs...)
-	if len(chart) != len(want) {
-		t.Errorf("chart has %d CRDs, want %d (run make chart-crds)", len(chart), len(want))
-	}
-	for _, w := range want {
-		got, ok := chart[w.Name]
-		if !ok {
-			t.Errorf("chart lacks CRD %s (run make chart-crds)", w.Name)
-			continue
-		}
-		if !equality.Semantic.DeepEqual(got.Spec, w.Spec) {
-			t.Errorf("chart CRD %s differs from the generated one (run make chart-crds)", w.Name)
-		}
-	}
-}
-
 // TestHelmInstall installs the chart, every optional object on, onto a
 // real kube-apiserver that has no CRDs yet; the apiserver accepts every
 // object (the restricted-egress NetworkPolicy among them) and its
@@ -618,23 +577,15 @@ func TestChartCRDs(t *testing.T) {
 // admission policy, to bootstrap token Secrets in kube-system.
 func TestHelmInstall(t *testing.T) {
 	w := setup(t)
-	cfg, cl, kubeconfig := startAPIServer(t, nil)
-	scheme := cl.Scheme()
+	k := startCluster(t)
+	cfg, cl, kubeconfig, scheme := k.cfg, k.cl, k.kubeconfig, k.scheme
 	ctx := context.Background()
-	for _, ns := range []string{"kpssh", "kpssh-system"} {
-		if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	// No Prometheus operator here: a stand-in ServiceMonitor CRD (any spec)
 	// so the optional ServiceMonitor has a kind to be created as.
 	if err := cl.Create(ctx, serviceMonitorCRD()); err != nil {
 		t.Fatal(err)
 	}
 	waitEstablished(t, cl, "servicemonitors.monitoring.coreos.com")
-	for _, ns := range []string{"kube-system", "kube-public", "kube-node-lease"} {
-		waitNamespace(t, cl, ns)
-	}
 
 	args := append([]string{"install", "kpssh", w.chart, "--kubeconfig", kubeconfig, "--namespace", "kpssh", "--timeout", "2m"},
 		"--set", "serviceMonitor.enabled=true,networkPolicy.enabled=true,podDisruptionBudget.enabled=true,dashboard.enabled=true,"+egressOn)
@@ -661,9 +612,10 @@ func TestHelmInstall(t *testing.T) {
 	}
 	objs := decodeAll(t, manifest)
 	// ServiceAccount, ClusterRole(Binding), 5 Roles + Bindings, Deployment,
-	// Service, ServiceMonitor, NetworkPolicy, PDB, dashboard ConfigMap.
-	if len(objs) != 19 {
-		t.Fatalf("%d objects in the release manifest, want 19: %v", len(objs), kinds(objs))
+	// Service, ServiceMonitor, NetworkPolicy, PDB, dashboard ConfigMap, and
+	// Karpenter core's 4 CRDs (karpenterCRDs.install, the default).
+	if len(objs) != 23 {
+		t.Fatalf("%d objects in the release manifest, want 23: %v", len(objs), kinds(objs))
 	}
 	for _, o := range objs {
 		got := &unstructured.Unstructured{}
@@ -786,6 +738,29 @@ func TestHelmInstall(t *testing.T) {
 	if err := cl.Get(ctx, client.ObjectKey{Namespace: "kpssh", Name: "kpssh"}, &appsv1.Deployment{}); err == nil {
 		t.Error("Deployment left after uninstall")
 	}
+}
+
+// cluster is a real kube-apiserver (envtest) without any CRD, the
+// namespaces kpssh and kpssh-system created, and an admin kubeconfig for helm.
+type cluster struct {
+	cfg        *rest.Config
+	cl         client.Client
+	kubeconfig string
+	scheme     *runtime.Scheme
+}
+
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	cfg, cl, kubeconfig := startAPIServer(t, nil)
+	for _, ns := range []string{"kpssh", "kpssh-system"} {
+		if err := cl.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ns := range []string{"kube-system", "kube-public", "kube-node-lease"} {
+		waitNamespace(t, cl, ns)
+	}
+	return &cluster{cfg: cfg, cl: cl, kubeconfig: kubeconfig, scheme: cl.Scheme()}
 }
 
 // startAPIServer starts a kube-apiserver without CRDs for one test (stopped
