@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -620,6 +621,11 @@ func TestOwedLeaveRunsUntilItSucceeds(t *testing.T) {
 			}
 			if strings.Contains(strings.Join(w.rec.reasons(), ","), ReasonForeignKubelet) {
 				t.Fatal("a host owing a leave was parked as a foreign kubelet")
+			}
+			// A running kubelet is a zombie all the same (a host back from
+			// a power cut that failed its leave): it is reported as one.
+			if got := slices.Contains(w.rec.reasons(), ReasonZombieKubelet); got != tc.kubelet {
+				t.Fatalf("events %v: ZombieKubelet %v, want %v", w.rec.reasons(), got, tc.kubelet)
 			}
 			// The next probe, kubelet stopped: leave runs again (the owed
 			// one), and only its success makes the host Available.

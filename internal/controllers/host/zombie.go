@@ -54,18 +54,22 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 	}
 
 	orig := h.DeepCopy()
-	why := "zombie kubelet: running leave"
-	if h.LeaveOwed() {
-		why = "leave owed (the last one did not succeed): running leave"
+	// A kubelet that may run is a zombie, owed leave or not (a host whose
+	// leave failed in a power cut comes back with it running); only a host
+	// that merely owes a leave says so.
+	zombie := res.Facts.KubeletMayRun()
+	why, msg := "zombie kubelet: running leave", "zombie kubelet on unclaimed host; leaving"
+	if !zombie {
+		why, msg = "leave owed (the last one did not succeed): running leave", "leave owed by the host (its last leave failed); leaving"
 	}
 	setState(h, v1beta1.HostLeaving, why, now)
 	if err := patchStatus(ctx, c.Client, orig, h); err != nil {
 		return reconcile.Result{}, true, err
 	}
-	if res.Facts.KubeletMayRun() {
+	if zombie {
 		c.Recorder.Publish(zombieKubelet(h))
 	}
-	log.FromContext(ctx).Info(why, "Node", klog.KRef("", nodeName(node)))
+	log.FromContext(ctx).Info(msg, "Node", klog.KRef("", nodeName(node)), "leaveOwed", h.LeaveOwed())
 
 	leaveErr := c.Leaver.Leave(ctx, h, creds)
 	var after probe.Result
