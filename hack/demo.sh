@@ -29,6 +29,16 @@ KCFG=/run/kpssh-cp/demo/admin.kubeconfig
 
 kc() { kubectl --kubeconfig="$KCFG" --request-timeout=30s "$@"; }
 
+# chart_gates prints FEATURE_GATES as the chart sets it by default
+# (charts/kpssh/values.yaml settings.featureGates): the demo runs the gates
+# that ship.
+chart_gates() {
+	awk '/^  featureGates:/ { on = 1; next }
+		on && /^    [A-Za-z]+: (true|false) *$/ { sub(/^ +/, ""); sub(/: /, "="); g = g (g ? "," : "") $0; next }
+		on { on = 0 }
+		END { print g }' "$REPO/charts/kpssh/values.yaml"
+}
+
 ctl_pid() { # the running demo controller's pid, or nothing
 	local p st now
 	[[ -f $RUN/controller.pid ]] || return 0
@@ -119,9 +129,12 @@ cmd_up() {
 
 	if [[ -z $(ctl_pid) ]]; then
 		log "starting the controller (log: $RUN/controller.log)"
+		local gates
+		gates=$(chart_gates)
+		[[ -n $gates ]] || die "no settings.featureGates in charts/kpssh/values.yaml"
 		(
 			cd "$REPO"
-			KUBECONFIG=$KCFG ANSIBLE_PLAYBOOK=$runner_bin/ansible-playbook DISABLE_LEADER_ELECTION=true POOL_NAMESPACE=$NS PROBE_INTERVAL=5s \
+			FEATURE_GATES=$gates KUBECONFIG=$KCFG ANSIBLE_PLAYBOOK=$runner_bin/ansible-playbook DISABLE_LEADER_ELECTION=true POOL_NAMESPACE=$NS PROBE_INTERVAL=5s \
 				BATCH_IDLE_DURATION=1s BATCH_MAX_DURATION=3s METRICS_PORT=18080 HEALTH_PROBE_PORT=18081 \
 				exec setsid bin/controller </dev/null >>"$RUN/controller.log" 2>&1 9>&-
 		) &

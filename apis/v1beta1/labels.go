@@ -19,6 +19,10 @@ const (
 	// KPSSH_NODE_LABELS): the host it joined from, as HostLabelValue. It is
 	// the Node's identity until kpssh has learnt its providerID.
 	LabelHost = Group + "/host"
+	// LabelReservationID names the reservation a node holds: kpssh offers
+	// each host class of a node class as a capacity reservation (its free
+	// hosts are its capacity), value ReservationID.
+	LabelReservationID = Group + "/reservation-id"
 	// AnnotationNodeClassHash and AnnotationNodeClassHashVersion are stamped on NodeClaims for drift.
 	AnnotationNodeClassHash        = Group + "/nodeclass-hash"
 	AnnotationNodeClassHashVersion = Group + "/nodeclass-hash-version"
@@ -48,9 +52,25 @@ func HostClass(labels map[string]string) string {
 // than a label value may be, "sha256-" and 56 hex digits of the digest of
 // "<namespace>/<name>" (no dot: never equal to a readable value).
 func HostLabelValue(namespace, name string) string {
-	if v := namespace + "." + name; len(v) <= 63 {
-		return v
+	return labelValue(namespace+"."+name, namespace+"/"+name)
+}
+
+// ReservationID is the reservation of host class class under node class
+// nodeClass: "<nodeClass>_<class>" (a node class name has no underscore, so
+// the first one splits it), or, when longer than a label value may be,
+// "sha256-" and 56 hex digits of the digest of "<nodeClass>/<class>" (no
+// underscore: never equal to a readable value). NodePools
+// of one node class share it; node classes never do, even over the same hosts.
+func ReservationID(nodeClass, class string) string {
+	return labelValue(nodeClass+"_"+class, nodeClass+"/"+class)
+}
+
+// labelValue is readable when it fits a label value, else "sha256-" and 56
+// hex digits of the digest of digested.
+func labelValue(readable, digested string) string {
+	if len(readable) <= 63 {
+		return readable
 	}
-	sum := sha256.Sum256([]byte(namespace + "/" + name))
+	sum := sha256.Sum256([]byte(digested))
 	return "sha256-" + hex.EncodeToString(sum[:])[:56]
 }

@@ -728,6 +728,45 @@ func (h *SSHHost) SetShimRejection(r *ShimRejection, now metav1.Time) {
 	h.setCondition(cond)
 }
 
+// ConditionLeaveFailed is True on a host whose leave did not succeed when
+// its claim ended (Delete) or when the host controller last ran it: its
+// kubelet may still run. Such a host is held Unhealthy, so it is never
+// claimed, and the host controller runs leave again at each probe —
+// whatever the kubelet's state, and as kpssh's own (never a foreign
+// kubelet) — until one succeeds, which removes the condition. The reason
+// is the leave's outcome (Failed, TimedOut, Rejected, ConfigError).
+const ConditionLeaveFailed = "LeaveFailed"
+
+// LeaveOwed reports whether the LeaveFailed condition is True.
+func (h *SSHHost) LeaveOwed() bool { return h.isTrue(ConditionLeaveFailed) }
+
+// SetLeaveFailed sets the LeaveFailed condition True with reason and msg;
+// an empty reason removes it.
+func (h *SSHHost) SetLeaveFailed(reason, msg string, now metav1.Time) {
+	h.setTrue(ConditionLeaveFailed, reason, msg, now)
+}
+
+// isTrue reports whether condition t is True.
+func (h *SSHHost) isTrue(t string) bool {
+	for _, c := range h.Status.Conditions {
+		if c.Type == t {
+			return c.Status == metav1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// setTrue sets condition t True with reason and msg; an empty reason
+// removes it.
+func (h *SSHHost) setTrue(t, reason, msg string, now metav1.Time) {
+	if reason == "" {
+		h.removeCondition(t)
+		return
+	}
+	h.setCondition(status.Condition{Type: t, Status: metav1.ConditionTrue, ObservedGeneration: h.Generation,
+		LastTransitionTime: now, Reason: reason, Message: msg})
+}
+
 // ConditionDuplicate is True on a host that is the same machine as another
 // host of its pool namespace which comes first (holds a claim, or is older,
 // or has the smaller name): the same address and port, or the same node
@@ -745,24 +784,12 @@ const (
 )
 
 // IsDuplicate reports whether the Duplicate condition is True.
-func (h *SSHHost) IsDuplicate() bool {
-	for _, c := range h.Status.Conditions {
-		if c.Type == ConditionDuplicate {
-			return c.Status == metav1.ConditionTrue
-		}
-	}
-	return false
-}
+func (h *SSHHost) IsDuplicate() bool { return h.isTrue(ConditionDuplicate) }
 
 // SetDuplicate sets the Duplicate condition True with reason and message;
 // an empty reason removes it.
 func (h *SSHHost) SetDuplicate(reason, msg string, now metav1.Time) {
-	if reason == "" {
-		h.removeCondition(ConditionDuplicate)
-		return
-	}
-	h.setCondition(status.Condition{Type: ConditionDuplicate, Status: metav1.ConditionTrue, ObservedGeneration: h.Generation,
-		LastTransitionTime: now, Reason: reason, Message: msg})
+	h.setTrue(ConditionDuplicate, reason, msg, now)
 }
 
 // ParkedAsDuplicate reports whether the host's state is the host

@@ -193,3 +193,9 @@ func (in *SSHNodeClass) StatusConditions(opts ...status.ForOption) status.Condit
 }
 func (in *SSHNodeClass) GetConditions() []status.Condition  { return in.Status.Conditions }
 func (in *SSHNodeClass) SetConditions(c []status.Condition) { in.Status.Conditions = c }
+
+// ConditionSignaturesExpiring is True on a node class whose profile has a
+// signed v2 manifest that expires within two weeks (reason Expiring) or
+// has expired (Expired); the message names each phase and its not-after.
+// It does not change Ready. Absent when none does.
+const ConditionSignaturesExpiring = "SignaturesExpiring"

@@ -26,7 +26,8 @@ import (
 const HostsUsage = `usage: kpssh hosts [flags]
 
 Prints the host pool: one line per SSHHost with its address, class, state,
-claiming NodeClaim, installed profile and last phase, then a count per
+claiming NodeClaim, installed profile and last phase (while a phase runs:
+"Running" and the task it is at), then a count per
 state. A host whose maintenance annotation is set but whose state has not
 caught up (it still serves its claim) shows "(maintenance)" after its state;
 one that is the same machine as another host of the pool (condition
@@ -92,6 +93,9 @@ func HostRows(hosts []v1beta1.SSHHost, now time.Time) []HostRow {
 			r.LastPhase = fmt.Sprintf("%s %s", lp.Phase, lp.Result)
 			if lp.FailedTask != "" {
 				r.LastPhase += fmt.Sprintf(" (task %q)", lp.FailedTask)
+			}
+			if lp.CurrentTask != "" { // a phase still running: where it is
+				r.LastPhase += fmt.Sprintf(" (at task %q)", lp.CurrentTask)
 			}
 			if !lp.StartedAt.IsZero() {
 				r.LastPhase += " " + duration.HumanDuration(now.Sub(lp.StartedAt.Time)) + " ago"

@@ -86,6 +86,22 @@ func TestHostTable(t *testing.T) {
 	}
 }
 
+// A phase that is running shows the task it is at (lastPhase.currentTask).
+func TestHostTableRunningPhase(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	h := testHost("h1", func(h *v1beta1.SSHHost) {
+		h.CreationTimestamp = metav1.NewTime(now.Add(-time.Hour))
+		h.Status.State = v1beta1.HostClaimed
+		h.Status.ClaimRef = &v1beta1.ClaimRef{Name: "claim-1", UID: "u1"}
+		h.Status.LastPhase = &v1beta1.LastPhase{Phase: v1beta1.PhaseInstall, Result: v1beta1.PhaseRunning,
+			CurrentTask: "tls_bootstrap : Write the binaries", StartedAt: metav1.NewTime(now.Add(-40 * time.Second))}
+	})
+	rows := HostRows([]v1beta1.SSHHost{*h}, now)
+	if want := `install Running (at task "tls_bootstrap : Write the binaries") 40s ago`; rows[0].LastPhase != want {
+		t.Errorf("last phase %q, want %q", rows[0].LastPhase, want)
+	}
+}
+
 func TestMaintain(t *testing.T) {
 	claim := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "claim-1", UID: "uid-1"}}
 	successor := &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: "claim-2", UID: "uid-new"}}

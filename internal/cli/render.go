@@ -125,14 +125,18 @@ func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, erro
 	}
 	out := &Rendered{Host: h, Phase: o.Phase}
 	var pc engine.Context
+	fallback := false // leave runs phase.FallbackLeaveRequest
 	var redact []string
 	if o.Phase.AddressesOnly() {
 		if o.NodeClass != "" {
 			r.warn("--nodeclass %s is ignored for %s: %s runs the install marker's profile with the empty context", o.NodeClass, o.Phase, o.Phase)
 		}
-		p, err := leave.Profile(ctx, r.Client, h)
+		p, _, err := leave.Resolve(ctx, r.Client, h)
 		if err != nil {
 			return nil, runtimeErr("read the install marker's profile: %w", err)
+		}
+		if p == nil {
+			p, fallback = leave.FallbackProfile(), o.Phase == engine.PhaseLeave
 		}
 		out.Profile = p
 		out.ProfileFrom = leaveProfileFrom(h, p)
@@ -178,6 +182,14 @@ func (r *Renderer) Render(ctx context.Context, o RenderOptions) (*Rendered, erro
 		return nil, runtimeErr("placeholder key: %w", err)
 	}
 	req, err := phase.Request(h, out.Profile, o.Phase, conn, pc, redact)
+	if o.Phase == engine.PhaseLeave && (fallback || err != nil) {
+		// What the controller does (leave.Run): the fallback leave when
+		// there is no profile leave, or when it is refused before it runs.
+		if err != nil {
+			out.Inputs = append(out.Inputs, fmt.Sprintf("the profile's leave is refused before it runs (%v): the controller runs the fallback leave", err))
+		}
+		req, err = phase.FallbackLeaveRequest(h, conn, pc), nil
+	}
 	if err != nil {
 		return nil, usageErr("%v", err)
 	}
@@ -253,7 +265,8 @@ func (r *Renderer) joinContext(ctx context.Context, o RenderOptions, h *v1beta1.
 
 // hostInstanceType is the instance type of the host's class under nc, built
 // by the controller's own code from this host (its single-valued labels —
-// instance type, arch, os, zone, capacity type — are the class's). A host
+// instance type, arch, os, zone — are the class's; the capacity type is
+// the NodeClaim's, as the claim launched). A host
 // not probed yet (no arch) or a class the node class cannot price gets the
 // instance-type label alone.
 func hostInstanceType(h *v1beta1.SSHHost, nc *v1beta1.SSHNodeClass) *karpcp.InstanceType {

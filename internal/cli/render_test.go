@@ -477,7 +477,7 @@ func TestRender(t *testing.T) {
 		{
 			name:   "leave: no marker → the fallback leave; --nodeclass ignored with a warning",
 			args:   []string{"h1", "leave", "--nodeclass", "small"},
-			out:    []string{"# profile:    kpssh-fallback-leave@1 (the host has no install marker: the fallback leave)", "systemctl disable --now kubelet containerd"},
+			out:    []string{"# profile:    kpssh-fallback-leave@1 (the host has no install marker: the fallback leave)", "for unit in kubelet.service containerd.service"},
 			notOut: []string{"KPSSH_VAR_", "KPSSH_SECRET_", varValue, endpoint},
 			stderr: []string{"warning: --nodeclass small is ignored for leave"},
 		},
@@ -507,6 +507,27 @@ func TestRender(t *testing.T) {
 			args:   []string{"h2", "leave"},
 			code:   ExitUsage,
 			stderr: []string{"render leave of SSHJoinProfile prof: leave"},
+		},
+		{
+			// A Verified host's fallback leave is the one its provisioning
+			// installed: the shim's op, no script, no envelope.
+			name: "Verified host, no marker: the shim's fallback-leave op",
+			objs: world(testHost("h2", func(h *v1beta1.SSHHost) {
+				h.Spec.ExecMode, h.Spec.User = v1beta1.ExecModeVerified, "kpssh"
+			})),
+			args:     []string{"h2", "leave"},
+			out:      []string{"the host has no install marker: the fallback leave", `"kpssh-shim fallback-leave 180"`, "no envelope"},
+			notOut:   []string{"kpssh-envelope", "stdin_file", "systemctl"},
+			noStderr: true,
+		},
+		{
+			name: "Verified host, the profile's leave unsigned: refused, so the fallback",
+			objs: world(testHost("h2", func(h *v1beta1.SSHHost) {
+				h.Spec.ExecMode, h.Spec.User, h.Status.InstalledProfile = v1beta1.ExecModeVerified, "kpssh", "old@1"
+			}), scriptProfile("old", "1")),
+			args:   []string{"h2", "leave"},
+			out:    []string{"# profile:    old@1", "no signatures.leave", "the controller runs the fallback leave", `"kpssh-shim fallback-leave 180"`},
+			notOut: []string{"echo leave-old", "kpssh-envelope"},
 		},
 		{
 			name:   "marker naming a deleted profile: fallback, said so",

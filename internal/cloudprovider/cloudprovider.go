@@ -42,6 +42,7 @@ const DefaultAdoptTimeout = 4 * time.Minute
 // Phases runs profile phases, and drift checks, on hosts (*phase.Runner).
 type Phases interface {
 	Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) phase.Outcome
+	RunFallbackLeave(ctx context.Context, h *v1beta1.SSHHost, c engine.Context) phase.Outcome
 	Check(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, c engine.Context, redact []string) phase.Drift
 }
 
@@ -229,6 +230,7 @@ func (c *CloudProvider) GetInstanceTypes(ctx context.Context, np *karpv1.NodePoo
 		log.FromContext(ctx).Error(err, "building instance types", "SSHNodeClass", klog.KObj(nc))
 		return nil, nil
 	}
+	instancetype.ForNodePool(its, np)
 	return its, nil
 }
 

@@ -55,6 +55,8 @@ type fakePhases struct {
 	// inside it with its context.
 	drift    phase.Drift
 	checking func(ctx context.Context)
+	// fallback is what RunFallbackLeave returns (Succeeded when nil).
+	fallback *engine.Result
 }
 
 func (f *fakePhases) Run(_ context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, _ []string) phase.Outcome {
@@ -69,6 +71,18 @@ func (f *fakePhases) Run(_ context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJo
 		res = engine.Result{Outcome: engine.Succeeded}
 	}
 	return phase.Outcome{Result: res, LastPhase: phase.Record(ph, res, time.Now())}
+}
+
+// RunFallbackLeave records a leave of phase.FallbackLeaveProfile.
+func (f *fakePhases) RunFallbackLeave(_ context.Context, h *v1beta1.SSHHost, c engine.Context) phase.Outcome {
+	f.mu.Lock()
+	f.calls = append(f.calls, call{Host: h.Name, Phase: engine.PhaseLeave, Ctx: c, Prof: phase.FallbackLeaveProfile})
+	res := engine.Result{Outcome: engine.Succeeded}
+	if f.fallback != nil {
+		res = *f.fallback
+	}
+	f.mu.Unlock()
+	return phase.Outcome{Result: res, LastPhase: phase.Record(engine.PhaseLeave, res, time.Now())}
 }
 
 // checkCall is the phase a drift check records in calls.
@@ -534,6 +548,48 @@ func TestCreateCheapestClassFirstAndOldestHost(t *testing.T) {
 	}
 }
 
+// A NodeClaim launches as what Karpenter accounted it: into the class's
+// reservation when it names it (its slot was reserved), on-demand when it
+// allows only that; the kubelet registers with the same labels the
+// NodeClaim carries. A reservation of another class is no capacity here.
+func TestCreateCapacityType(t *testing.T) {
+	req := func(key string, v ...string) karpv1.NodeSelectorRequirementWithMinValues {
+		return karpv1.NodeSelectorRequirementWithMinValues{Key: key, Operator: corev1.NodeSelectorOpIn, Values: v}
+	}
+	for _, tc := range []struct {
+		name        string
+		reqs        []karpv1.NodeSelectorRequirementWithMinValues
+		ct, reserve string // "" ct: InsufficientCapacity
+	}{
+		{name: "on-demand only", reqs: []karpv1.NodeSelectorRequirementWithMinValues{req(karpv1.CapacityTypeLabelKey, "on-demand")}, ct: "on-demand"},
+		{name: "reserved by the scheduler", reqs: []karpv1.NodeSelectorRequirementWithMinValues{req(karpv1.CapacityTypeLabelKey, "reserved"), req(v1beta1.LabelReservationID, "pool_small")},
+			ct: "reserved", reserve: "pool_small"},
+		{name: "another class's reservation", reqs: []karpv1.NodeSelectorRequirementWithMinValues{req(karpv1.CapacityTypeLabelKey, "reserved"), req(v1beta1.LabelReservationID, "pool_big")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, nil, standard(newHost("h1", "small"))...)
+			out, err := w.cp.Create(context.Background(), newNodeClaim("a", func(nc *karpv1.NodeClaim) { nc.Spec.Requirements = tc.reqs }))
+			if tc.ct == "" {
+				if !cloudprovider.IsInsufficientCapacityError(err) || w.host(t, "h1").Status.ClaimRef != nil {
+					t.Fatalf("err %v, host %+v: want InsufficientCapacity, host untouched", err, w.host(t, "h1").Status.ClaimRef)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out.Labels[karpv1.CapacityTypeLabelKey] != tc.ct || out.Labels[v1beta1.LabelReservationID] != tc.reserve {
+				t.Errorf("NodeClaim labels %v, want capacity-type %q reservation-id %q", out.Labels, tc.ct, tc.reserve)
+			}
+			kubelet := w.ph.calls[len(w.ph.calls)-1].Ctx.NodeLabels
+			want := karpv1.CapacityTypeLabelKey + "=" + tc.ct
+			if !strings.Contains(kubelet, want) || strings.Contains(kubelet, v1beta1.LabelReservationID) != (tc.reserve != "") {
+				t.Errorf("kubelet labels %q, want %s and reservation-id %q", kubelet, want, tc.reserve)
+			}
+		})
+	}
+}
+
 func TestCreateClaimConflictMovesOn(t *testing.T) {
 	var once sync.Once
 	funcs := &interceptor.Funcs{SubResourcePatch: func(ctx context.Context, c client.Client, sub string, o client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
@@ -748,6 +804,12 @@ func inUse(claim *karpv1.NodeClaim) func(*v1beta1.SSHHost) {
 	}
 }
 
+// verifiedHost makes a host Verified (what leave runs is the fake's).
+func verifiedHost(h *v1beta1.SSHHost) {
+	h.Spec.User, h.Spec.ExecMode = "kpssh", v1beta1.ExecModeVerified
+	h.Spec.TrustedSigners = []v1beta1.TrustedSigner{"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGbM5QZ0wz0o5r2x0M0n3X0XyY2m0a7Wq7vU1XW0eQ3S ops"}
+}
+
 func TestDelete(t *testing.T) {
 	claim := newNodeClaim("a")
 	for _, tc := range []struct {
@@ -755,21 +817,47 @@ func TestDelete(t *testing.T) {
 		host      *v1beta1.SSHHost
 		del       *karpv1.NodeClaim
 		leave     *engine.Result
+		fallback  *engine.Result // the fallback leave's (Succeeded when nil)
 		objs      []client.Object
 		wantErr   func(error) bool
 		wantState v1beta1.HostState
-		wantLeave string // profile whose leave ran; "" = none
+		wantLeave string // profiles whose leave ran, in order; "" = none
+		// wantLeaveFailed: the LeaveFailed condition's reason ("" = none)
+		wantLeaveFailed string
+		wantEvents      []string // the leave's SSHHost events (Leave*)
 	}{
 		{name: "leave ok → Available", host: newHost("h1", "small", inUse(claim)), del: claim,
 			wantState: v1beta1.HostAvailable, wantLeave: "prof"},
-		{name: "leave fails → Unhealthy", host: newHost("h1", "small", inUse(claim)), del: claim,
-			leave: &engine.Result{Outcome: engine.Failed, FailedTask: "stop"}, wantState: v1beta1.HostUnhealthy, wantLeave: "prof"},
+		{name: "leave fails → Unhealthy, LeaveFailed, no fallback (it ran)", host: newHost("h1", "small", inUse(claim)), del: claim,
+			leave: &engine.Result{Outcome: engine.Failed, FailedTask: "stop"}, wantState: v1beta1.HostUnhealthy, wantLeave: "prof",
+			wantLeaveFailed: "Failed", wantEvents: []string{"LeaveFailed"}},
+		{name: "leave times out → Unhealthy, LeaveFailed, no fallback", host: newHost("h1", "small", inUse(claim)), del: claim,
+			leave: &engine.Result{Outcome: engine.TimedOut}, wantState: v1beta1.HostUnhealthy, wantLeave: "prof",
+			wantLeaveFailed: "TimedOut", wantEvents: []string{"LeaveFailed"}},
+		// A Verified host's signed leave that can no longer run (expired,
+		// unsigned, untrusted: the controller's config error; or the
+		// shim's refusal): the fallback leave runs, the host is Available.
+		{name: "leave refused by the controller (expired manifest) → fallback → Available", host: newHost("h1", "small", inUse(claim), verifiedHost), del: claim,
+			leave:     &engine.Result{Outcome: engine.ConfigError, Message: "execMode Verified: leave: manifest expired at 2026-11-29T00:00:00Z"},
+			wantState: v1beta1.HostAvailable, wantLeave: "prof,kpssh-fallback-leave", wantEvents: []string{"LeaveFallback"}},
+		{name: "leave refused by the shim (rc 2) → fallback → Available", host: newHost("h1", "small", inUse(claim), verifiedHost), del: claim,
+			leave:     &engine.Result{Outcome: engine.Rejected, RC: engine.ShimBadSignature, Touched: true},
+			wantState: v1beta1.HostAvailable, wantLeave: "prof,kpssh-fallback-leave", wantEvents: []string{"LeaveFallback"}},
+		// Nothing could run (an old shim without the fallback-leave op
+		// refuses it): released from the claim, never Available.
+		{name: "profile deleted, fallback refused → Unhealthy, LeaveFailed", host: newHost("h1", "small", inUse(claim), verifiedHost), del: claim,
+			objs: []client.Object{nodeClass()}, fallback: &engine.Result{Outcome: engine.Rejected, RC: engine.ShimMalformed, Touched: true},
+			wantState: v1beta1.HostUnhealthy, wantLeave: "kpssh-fallback-leave", wantLeaveFailed: "Rejected", wantEvents: []string{"LeaveFallback", "LeaveFailed"}},
+		{name: "leave refused, fallback fails → Unhealthy, LeaveFailed", host: newHost("h1", "small", inUse(claim), verifiedHost), del: claim,
+			leave:     &engine.Result{Outcome: engine.ConfigError, Message: "expired"},
+			fallback:  &engine.Result{Outcome: engine.Failed, RC: engine.ShimInternal, Touched: true, Message: "no /etc/kpssh/fallback-leave"},
+			wantState: v1beta1.HostUnhealthy, wantLeave: "prof,kpssh-fallback-leave", wantLeaveFailed: "Failed", wantEvents: []string{"LeaveFallback", "LeaveFailed"}},
 		{name: "UID mismatch (successor) → NotFound, untouched", host: newHost("h1", "small", inUse(newNodeClaim("a", func(nc *karpv1.NodeClaim) { nc.UID = "successor" }))),
 			del: claim, wantErr: cloudprovider.IsNodeClaimNotFoundError, wantState: v1beta1.HostInUse},
 		{name: "name mismatch → NotFound", host: newHost("h1", "small", inUse(newNodeClaim("b"))), del: claim,
 			wantErr: cloudprovider.IsNodeClaimNotFoundError, wantState: v1beta1.HostInUse},
 		{name: "profile deleted → fallback leave", host: newHost("h1", "small", inUse(claim)), del: claim,
-			objs: []client.Object{nodeClass()}, wantState: v1beta1.HostAvailable, wantLeave: "kpssh-fallback-leave"},
+			objs: []client.Object{nodeClass()}, wantState: v1beta1.HostAvailable, wantLeave: "kpssh-fallback-leave", wantEvents: []string{"LeaveFallback"}},
 		{name: "claimed, never joined → no leave", host: newHost("h1", "small", func(h *v1beta1.SSHHost) {
 			h.Status.State = v1beta1.HostClaimed
 			h.Status.ClaimRef = &v1beta1.ClaimRef{Name: claim.Name, UID: claim.UID}
@@ -794,6 +882,7 @@ func TestDelete(t *testing.T) {
 			if tc.leave != nil {
 				w.ph.results[engine.PhaseLeave] = *tc.leave
 			}
+			w.ph.fallback = tc.fallback
 			err := w.cp.Delete(context.Background(), tc.del)
 			if tc.wantErr != nil {
 				if err == nil || !tc.wantErr(err) {
@@ -806,17 +895,35 @@ func TestDelete(t *testing.T) {
 			if h.Status.State != tc.wantState {
 				t.Fatalf("state %s, want %s", h.Status.State, tc.wantState)
 			}
-			var ran string
+			var ran []string
 			for _, c := range w.ph.calls {
 				if c.Phase == engine.PhaseLeave {
-					ran = c.Prof
+					ran = append(ran, c.Prof)
 					if c.Ctx.Vars != nil || c.Ctx.Secrets != nil || c.Ctx.BootstrapToken != "" || c.Ctx.HostAddress == "" {
 						t.Fatalf("leave context not empty: %+v", c.Ctx)
 					}
 				}
 			}
-			if ran != tc.wantLeave {
-				t.Fatalf("leave ran with %q, want %q", ran, tc.wantLeave)
+			if got := strings.Join(ran, ","); got != tc.wantLeave {
+				t.Fatalf("leave ran with %q, want %q", got, tc.wantLeave)
+			}
+			lf := h.StatusConditions().Get(v1beta1.ConditionLeaveFailed)
+			switch {
+			case tc.wantLeaveFailed == "" && lf != nil:
+				t.Fatalf("LeaveFailed condition %+v on a host that left", lf)
+			case tc.wantLeaveFailed != "" && (lf == nil || !lf.IsTrue() || lf.Reason != tc.wantLeaveFailed || !strings.Contains(lf.Message, "NodeClaim "+tc.del.Name)):
+				t.Fatalf("LeaveFailed condition %+v, want True reason %s naming the NodeClaim", lf, tc.wantLeaveFailed)
+			case tc.wantLeaveFailed != "" && !h.LeaveOwed():
+				t.Fatal("LeaveOwed false with the condition set")
+			}
+			var leaveEvents []string
+			for _, r := range w.rec.reasons() {
+				if strings.HasPrefix(r, "Leave") {
+					leaveEvents = append(leaveEvents, r)
+				}
+			}
+			if strings.Join(leaveEvents, ",") != strings.Join(tc.wantEvents, ",") {
+				t.Fatalf("leave events %v, want %v", leaveEvents, tc.wantEvents)
 			}
 			if tc.wantErr == nil {
 				if tc.host.Status.BootstrapTokenID != "" && !contains(w.tok.deleted, tc.host.Status.BootstrapTokenID) {
@@ -911,14 +1018,30 @@ func TestGetInstanceTypes(t *testing.T) {
 	}
 	got := map[string]bool{}
 	for _, it := range its {
-		got[it.Name] = it.Offerings[0].Available
+		got[it.Name] = len(it.Offerings.Launchable()) > 0
 	}
 	if len(got) != 2 || got["small"] != true || got["full"] != false {
-		t.Fatalf("instance types %v (want small available, full unavailable; mixed and new absent)", got)
+		t.Fatalf("instance types launchable %v (want small launchable, full not; mixed and new absent)", got)
 	}
 	for _, name := range []string{"other", "gone"} {
 		if its, err := w.cp.GetInstanceTypes(context.Background(), pools[name]); err != nil || len(its) != 0 {
 			t.Fatalf("%s: %v %v", name, its, err)
+		}
+	}
+	// On-demand only to a NodePool that cannot use the reservation.
+	onDemand := pools["ours"].DeepCopy()
+	onDemand.Spec.Template.Spec.Requirements = []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}}}
+	for np, want := range map[*karpv1.NodePool]bool{pools["ours"]: false, onDemand: true} {
+		its, err := w.cp.GetInstanceTypes(context.Background(), np)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range its {
+			for _, o := range it.Offerings {
+				if it.Name == "small" && o.CapacityType() == karpv1.CapacityTypeOnDemand && o.Available != want {
+					t.Errorf("NodePool requirements %v: small on-demand available %v, want %v", np.Spec.Template.Spec.Requirements, o.Available, want)
+				}
+			}
 		}
 	}
 }

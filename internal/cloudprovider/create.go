@@ -20,6 +20,7 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/providers/instancetype"
 	"github.com/dklesev/kpssh/internal/providers/pool"
 )
 
@@ -61,7 +62,7 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 	var it *cloudprovider.InstanceType
 	resumed := h != nil
 	if resumed {
-		it = byName(its, h.Class())
+		it = launchedAs(nodeClaim, byName(its, h.Class()))
 		if h.Status.State == v1beta1.HostInUse && h.Status.ProviderID != "" && it != nil {
 			return c.hydrate(nodeClaim, h, it, nc), nil // already launched
 		}
@@ -78,6 +79,7 @@ func (c *CloudProvider) Create(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		if err != nil {
 			return nil, err
 		}
+		it = launchedAs(nodeClaim, it)
 	}
 	unlock := c.lock(h.Name)
 	defer unlock()
@@ -121,6 +123,15 @@ func (c *CloudProvider) claim(ctx context.Context, nodeClaim *karpv1.NodeClaim, 
 	return nil, nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("no free host in host classes %s", names(compatible)))
 }
 
+// launchedAs is it (nil: nil) as the NodeClaim launches on it: reserved or
+// on-demand, its labels pinned (instancetype.Launched).
+func launchedAs(nodeClaim *karpv1.NodeClaim, it *cloudprovider.InstanceType) *cloudprovider.InstanceType {
+	if it == nil {
+		return nil
+	}
+	return instancetype.Launched(it, scheduling.NewNodeSelectorRequirementsWithMinValues(nodeClaim.Spec.Requirements...))
+}
+
 // refuseDuplicate releases the held host h (Available: the host controller
 // marks it Duplicate) when, its claim aside, it is not its machine's host.
 func (c *CloudProvider) refuseDuplicate(ctx context.Context, nodeClaim *karpv1.NodeClaim, h *v1beta1.SSHHost, claim pool.Claim) error {
@@ -134,7 +145,7 @@ func (c *CloudProvider) refuseDuplicate(ctx context.Context, nodeClaim *karpv1.N
 }
 
 // Compatible filters instance types (cheapest first, as given) by the
-// NodeClaim's requirements, available offerings and resource requests.
+// NodeClaim's requirements, offerings it can launch into (a free host) and resource requests.
 func Compatible(nodeClaim *karpv1.NodeClaim, its []*cloudprovider.InstanceType) []*cloudprovider.InstanceType {
 	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(nodeClaim.Spec.Requirements...)
 	var out []*cloudprovider.InstanceType
@@ -142,7 +153,7 @@ func Compatible(nodeClaim *karpv1.NodeClaim, its []*cloudprovider.InstanceType) 
 		if reqs.Compatible(it.Requirements, scheduling.AllowUndefinedWellKnownLabels) != nil {
 			continue
 		}
-		if len(it.Offerings.Available().Compatible(reqs)) == 0 {
+		if len(it.Offerings.Launchable().Compatible(reqs)) == 0 {
 			continue
 		}
 		if !resources.Fits(nodeClaim.Spec.Resources.Requests, it.Allocatable()) {
@@ -396,9 +407,10 @@ func (c *CloudProvider) hostNodeClaim(ctx context.Context, h *v1beta1.SSHHost) *
 		corev1.LabelInstanceTypeStable: h.Class(),
 		v1beta1.LabelHostClass:         h.Class(),
 		corev1.LabelTopologyZone:       "pool",
-		karpv1.CapacityTypeLabelKey:    karpv1.CapacityTypeOnDemand,
 		corev1.LabelOSStable:           string(corev1.Linux),
 	}
+	// No capacity type: what the claim launched as (reserved or on-demand)
+	// is on its NodeClaim, not on the host.
 	if h.Status.ObservedArch != "" {
 		nc.Labels[corev1.LabelArchStable] = h.Status.ObservedArch
 	}
@@ -407,7 +419,8 @@ func (c *CloudProvider) hostNodeClaim(ctx context.Context, h *v1beta1.SSHHost) *
 }
 
 // singleValued is the instance type's requirements that pin one value
-// (instance-type, arch, os, zone, capacity-type): the labels a Node of it has.
+// (instance-type, arch, os, zone; capacity-type and reservation-id once
+// launchedAs pinned them): the labels a Node of it has.
 func singleValued(it *cloudprovider.InstanceType) map[string]string {
 	out := map[string]string{}
 	if it == nil {

@@ -12,16 +12,19 @@ import (
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
-	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/providers/leave"
-	"github.com/dklesev/kpssh/internal/providers/phase"
 	"github.com/dklesev/kpssh/internal/providers/pool"
 )
 
 // Delete implements cloudprovider.CloudProvider: run leave with the profile
-// named by the host's install marker (empty context), delete the token,
+// named by the host's install marker (empty context; leave.Run: the
+// fallback leave when there is no profile leave to run), delete the token,
 // release the host (Available after a clean leave, Unhealthy otherwise, or
-// after a failed verify).
+// after a failed verify). A host whose leave failed is released from the
+// claim — Karpenter's finalizer goes, which is what lets a dead host's
+// NodeClaim be replaced — but never Available: it is Unhealthy with
+// condition LeaveFailed, and the host controller runs leave again until it
+// succeeds (its kubelet may still run).
 // Fenced: only the host whose claimRef carries this NodeClaim's name AND
 // UID is touched; anything else is NodeClaimNotFound with no side effects,
 // so a late Delete never runs leave on a successor's node.
@@ -46,19 +49,27 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 
 	state, msg := v1beta1.HostAvailable, "released by NodeClaim "+nodeClaim.Name
 	var lastPhase *v1beta1.LastPhase
+	// The record leave's progress may replace (a Running lastPhase, written
+	// while leave runs): a failed verify's is kept below.
+	before := h.Status.LastPhase.DeepCopy()
+	var left *leave.Result
+	when := "under NodeClaim " + nodeClaim.Name
 	// A host that never got to join has nothing to leave: the claim
 	// happened, install may have run, but no kubelet was started. One whose
 	// join started may run a kubelet even with no InUse written and its
 	// token collected (JoinRan reads the marker that survives both).
 	if h.JoinRan() {
-		prof, err := leave.Profile(ctx, c.Client, h)
+		res, err := leave.Run(ctx, c.Client, c.Phases, h)
 		if err != nil {
 			return err
 		}
-		out := c.Phases.Run(ctx, h, prof, engine.PhaseLeave, leave.EmptyContext(h), nil)
-		lastPhase = out.LastPhase
-		if !out.OK() {
-			state, msg = v1beta1.HostUnhealthy, phase.Summary(engine.PhaseLeave, out.Result)
+		left, lastPhase = &res, res.LastPhase
+		if e := leave.FallbackEvent(h, res, when); e != nil {
+			c.Recorder.Publish(*e)
+		}
+		if !res.OK() {
+			state, msg = v1beta1.HostUnhealthy, leave.FailedMessage(res, when)
+			c.Recorder.Publish(leave.FailedEvent(h, res, when))
 		} else if err := c.deleteLeftNode(ctx, nodeClaim, h); err != nil {
 			return err // core retries; leave is idempotent
 		}
@@ -67,12 +78,19 @@ func (c *CloudProvider) Delete(ctx context.Context, nodeClaim *karpv1.NodeClaim)
 		// The claim ended on a failed verify: leave ran, but what verify
 		// found is still on the host, and lastPhase keeps the failed task.
 		state, msg, lastPhase = v1beta1.HostUnhealthy, "verify failed under NodeClaim "+nodeClaim.Name+" (leave ran): "+v.Message, nil
+		if before != nil && before.Phase == v1beta1.PhaseVerify {
+			lastPhase = before
+		}
 	}
 	if err := c.Tokens.Delete(ctx, h.Status.BootstrapTokenID); err != nil {
 		return err
 	}
 	if _, err := c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {
-		pool.Released(h, state, msg, metav1.NewTime(c.Clock.Now()))
+		now := metav1.NewTime(c.Clock.Now())
+		pool.Released(h, state, msg, now)
+		if left != nil {
+			leave.Record(h, *left, when, now)
+		}
 		if lastPhase != nil {
 			h.Status.LastPhase = lastPhase
 		}

@@ -92,7 +92,7 @@ func TestShimRejectionIsStickyUntilSomethingChanges(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(its) != 1 || its[0].Name != "small" || its[0].Offerings[0].Available {
+			if len(its) != 1 || its[0].Name != "small" || len(its[0].Offerings.Launchable()) > 0 {
 				t.Fatalf("instance types with the only host refused: %v (want small, offered, unavailable)", its)
 			}
 			// What was refused changes: claimed again; success clears the record.

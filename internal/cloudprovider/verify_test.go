@@ -114,9 +114,13 @@ func TestVerifyHookFails(t *testing.T) {
 		name      string
 		leave     *engine.Result
 		wantPhase v1beta1.Phase // lastPhase after Delete
+		// the leave ran long enough for its progress record (lastPhase
+		// Running, written under the claim) to replace the failed verify's
+		progress bool
 	}{
-		{"leave ok", nil, v1beta1.PhaseVerify},
-		{"leave fails too", &engine.Result{Outcome: engine.Failed, FailedTask: "stop kubelet"}, v1beta1.PhaseLeave},
+		{"leave ok", nil, v1beta1.PhaseVerify, false},
+		{"leave fails too", &engine.Result{Outcome: engine.Failed, FailedTask: "stop kubelet"}, v1beta1.PhaseLeave, false},
+		{"a slow leave's progress record", nil, v1beta1.PhaseVerify, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			claim := launchedClaim("a")
@@ -124,6 +128,18 @@ func TestVerifyHookFails(t *testing.T) {
 			w.ph.results[engine.PhaseVerify] = engine.Result{Outcome: engine.Failed, FailedTask: "expected devices exist", RC: 1, Message: "missing: /dev/kvm"}
 			if tc.leave != nil {
 				w.ph.results[engine.PhaseLeave] = *tc.leave
+			}
+			if tc.progress {
+				w.ph.during = func(ph engine.Phase) {
+					if ph != engine.PhaseLeave {
+						return
+					}
+					h := w.host(t, "h1")
+					h.Status.LastPhase = &v1beta1.LastPhase{Phase: v1beta1.PhaseLeave, Result: v1beta1.PhaseRunning, CurrentTask: "stop kubelet"}
+					if err := w.c.Status().Update(context.Background(), h); err != nil {
+						t.Error(err)
+					}
+				}
 			}
 			hook := w.cp.VerifyHook()
 			for i := 0; i < 2; i++ {
@@ -166,6 +182,9 @@ func TestVerifyHookFails(t *testing.T) {
 			}
 			if h.Status.LastPhase == nil || h.Status.LastPhase.Phase != tc.wantPhase {
 				t.Fatalf("lastPhase after Delete %+v, want %s", h.Status.LastPhase, tc.wantPhase)
+			}
+			if tc.wantPhase == v1beta1.PhaseVerify && (h.Status.LastPhase.Result != v1beta1.PhaseFailed || h.Status.LastPhase.FailedTask != "expected devices exist") {
+				t.Fatalf("lastPhase after Delete %+v, want the failed verify", h.Status.LastPhase)
 			}
 			if tc.leave == nil && !strings.Contains(h.Status.LastProbeError, "verify failed under NodeClaim a (leave ran)") {
 				t.Fatalf("lastProbeError %q", h.Status.LastProbeError)

@@ -75,6 +75,25 @@ func (p Phase) Valid() bool {
 // a node class, and reboot, which needs nothing more.
 func (p Phase) AddressesOnly() bool { return p == PhaseLeave || p == PhaseReboot }
 
+// FallbackLeaveScript is the leave of a host with no profile leave to run
+// (no install marker, the profile deleted, or its leave refused before it
+// ran): the warm-pool invariant of the seed's leave contract — kubelet and
+// containerd stopped and disabled — on any host, including one where a unit
+// was never installed. A Verified host runs its own copy, installed by
+// provisioning (roles/verified_host/files/fallback-leave: this body after
+// the shebang, comment and `set -euo pipefail`), through the shim's
+// fallback-leave op (Verified.ProvisionedLeave).
+const FallbackLeaveScript = `for unit in kubelet.service containerd.service; do
+	if [ -n "$(systemctl list-unit-files --no-legend "$unit" 2>/dev/null)" ]; then
+		systemctl disable --now "$unit"
+	fi
+done
+if systemctl is-active --quiet kubelet.service; then
+	echo "kubelet.service is still active" >&2
+	exit 1
+fi
+`
+
 // DefaultRebootScript is the reboot phase of a profile that has none: it
 // schedules the reboot 2 s out, so the SSH session (and the phase) ends
 // cleanly before the host goes down, and refuses when the kubelet would not
@@ -120,7 +139,8 @@ type Source struct {
 	// Role is a role name (or collection FQCN) whose tasks/<phase>.yml runs.
 	Role string
 	// Verified (with Script) runs the script's exact bytes through the
-	// host's shim, signature checked first (execMode Verified; verified.go).
+	// host's shim, signature checked first (execMode Verified; verified.go);
+	// with ProvisionedLeave (no Script) the host's own fallback leave.
 	Verified *Verified
 }
 

@@ -259,8 +259,8 @@ func gone(path string) bool {
 
 // idleWarmRunner reports whether dir is the directory of an idle pre-warmed
 // runner (warm.go): a live kpssh_runner.py process carries it, and it holds
-// nothing but the runner's ansible.cfg and empty scratch directories — no
-// key, no inventory, no secrets.
+// nothing but the runner's ansible.cfg, scratch directories and the module
+// payloads it builds ahead — no key, no inventory, no secrets.
 func idleWarmRunner(dir string) bool {
 	runner := false
 	for _, p := range processesMentioning(dir) {
@@ -276,7 +276,9 @@ func idleWarmRunner(dir string) bool {
 		if err != nil {
 			return nil
 		}
-		if !d.IsDir() && p != filepath.Join(dir, fileConfig) {
+		// its ansible.cfg, and the module payloads it builds ahead (module
+		// code, in ansible's payload cache: no run's data)
+		if !d.IsDir() && p != filepath.Join(dir, fileConfig) && filepath.Base(filepath.Dir(p)) != "ansiballz_cache" {
 			clean = false
 		}
 		return nil

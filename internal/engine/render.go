@@ -608,7 +608,11 @@ func renderText(req Request, masked bool, rc renderConfig) (string, error) {
 	case kindScript:
 		section(fileScript, " (stdin of the script task)")
 	case kindVerified:
-		section(fileEnvelope, " (stdin of the shim; base64 fields)")
+		if req.Source.Verified.ProvisionedLeave {
+			fmt.Fprintf(&out, "\n# (no envelope: the shim runs the host's /etc/kpssh/fallback-leave)\n")
+		} else {
+			section(fileEnvelope, " (stdin of the shim; base64 fields)")
+		}
 	case kindTasks:
 		section(fileVars, " (-e @vars.yml)")
 		section(fileTasks, "")

@@ -521,8 +521,20 @@ func (l *Local) run(ctx context.Context, req Request, red *Redactor) Result {
 			if !pr.diedBeforeStart(&f) {
 				return l.finish(pr, b, req, &f, red)
 			}
-			f = facts{dir: f.dir, phase: f.phase, timeout: f.timeout, connectInTask: f.connectInTask}
 		}
+		// A runner that failed to warm up or died before its playbook
+		// started: the run starts cold in a directory of its own, rendered
+		// again. Nothing the dead runner left (ansible's temp dirs, payloads
+		// it was writing when it was killed) is trusted.
+		w.stop()
+		_ = dir.remove()
+		if dir, err = newRunDir(l.opts.RunDirBase); err != nil {
+			return configError(err)
+		}
+		if b, args, launchReq, err = l.prepare(req, dir, nil, timeout); err != nil {
+			return configError(err)
+		}
+		f = facts{dir: dir.path, phase: f.phase, timeout: f.timeout, connectInTask: f.connectInTask}
 	}
 	if pr, err = l.startCold(args, launchReq, dir, progress); err != nil {
 		return configError(fmt.Errorf("cannot start ansible-playbook: %w", err))

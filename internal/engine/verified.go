@@ -38,6 +38,14 @@ type Verified struct {
 	ShimCommand string
 	// Now is the clock for manifest expiry (nil → time.Now).
 	Now func() time.Time
+	// ProvisionedLeave runs, instead of a signed script, the leave the
+	// host's provisioning installed (/etc/kpssh/fallback-leave), through
+	// the shim's fallback-leave op: for a host with no signed leave to send
+	// (no install marker, the profile deleted, its leave refused). Only
+	// the op's name and time bound reach the host — no script, signature
+	// or params (Script and Signature must be empty) — so it gives the
+	// controller no code of its choosing to run. Phase leave only.
+	ProvisionedLeave bool
 }
 
 func (v *Verified) shim() string {
@@ -72,6 +80,9 @@ func verifySource(phase Phase, src Source) (verifiedScript, error) {
 	var out verifiedScript
 	if v == nil {
 		return out, errors.New("not a verified source")
+	}
+	if v.ProvisionedLeave {
+		return out, checkProvisionedLeave(phase, src)
 	}
 	if strings.TrimSpace(src.Tasks) != "" || strings.TrimSpace(src.Role) != "" {
 		return out, fmt.Errorf("%s: Verified hosts run signed scripts only, not ansible tasks or roles", phase)
@@ -119,13 +130,25 @@ func verifySource(phase Phase, src Source) (verifiedScript, error) {
 	return verifiedScript{version: 2, manifest: f.Manifest, signature: f.Signature, policy: m.Params}, nil
 }
 
+// checkProvisionedLeave: the host's fallback leave takes nothing from the
+// controller but the shim command.
+func checkProvisionedLeave(phase Phase, src Source) error {
+	if phase != PhaseLeave {
+		return fmt.Errorf("%s: the host's provisioned fallback leave runs only as leave", phase)
+	}
+	if src.Script != "" || src.Tasks != "" || src.Role != "" || src.Verified.Signature != "" {
+		return fmt.Errorf("%s: the host's provisioned fallback leave takes no script, tasks, role or signature", phase)
+	}
+	return probe.ValidateShimCommand(src.Verified.ShimCommand)
+}
+
 // VerifyParams is VerifySignature plus the manifest's param policy applied
 // to the params the phase would get from c (contract applied): a node-class
 // var, cluster endpoint or CA the signer did not allow is refused before
 // anything connects. A manifest without a policy checks names only.
 func VerifyParams(phase Phase, src Source, c Context) error {
 	vs, err := verifySource(phase, src)
-	if err != nil {
+	if err != nil || src.Verified.ProvisionedLeave {
 		return err
 	}
 	return checkPolicy(phase, vs, Env(phase, c, true))
@@ -144,6 +167,10 @@ func buildVerified(b *bundle, req Request, ctx Context, rc renderConfig) error {
 	vs, err := verifySource(req.Phase, req.Source)
 	if err != nil {
 		return err
+	}
+	if req.Source.Verified.ProvisionedLeave {
+		b.playbook = verifiedPlaybook(req, rc)
+		return nil
 	}
 	params := Env(req.Phase, ctx, true)
 	if rc.policyChecked {
@@ -170,13 +197,23 @@ func buildVerified(b *bundle, req Request, ctx Context, rc renderConfig) error {
 
 // verifiedPlaybook is one task of the plugin: the connect check runs the
 // shim's unsigned `ping` op, then the envelope goes to `<shim> run` on the
-// channel's stdin. Under sshd's ForceCommand the command lines only select
-// the op. The host needs no Python.
+// channel's stdin — or, for the host's provisioned leave, `<shim>
+// fallback-leave` runs with nothing on stdin. Under sshd's ForceCommand the
+// command lines only select the op. The host needs no Python.
 func verifiedPlaybook(req Request, rc renderConfig) string {
 	var b strings.Builder
 	b.WriteString(playHeader(req, "verified"))
-	shim := req.Source.Verified.shim()
-	run := shim + " run"
+	v := req.Source.Verified
+	shim := v.shim()
+	op, name, stdin := "run", "verified script", "\n        stdin_file: "+yq(rc.path(fileEnvelope))+"\n        remove_stdin_file: true"
+	comment := `      # The envelope (signed script, signature, KPSSH_* params) goes to the
+      # shim's stdin; the shim verifies it with ssh-keygen before it runs.`
+	if v.ProvisionedLeave {
+		op, name, stdin = "fallback-leave", "the host's provisioned fallback leave", ""
+		comment = `      # The shim runs the leave the host's provisioning installed
+      # (/etc/kpssh/fallback-leave): nothing but this op name is sent.`
+	}
+	run := shim + " " + op
 	if rc.remoteTimeout && rc.timeout > 0 {
 		// the host-side bound of the script (as timeout(1) in raw mode): the
 		// shim takes the smaller of this and its own max-seconds
@@ -184,20 +221,17 @@ func verifiedPlaybook(req Request, rc renderConfig) string {
 	}
 	fmt.Fprintf(&b, `  tasks:
     - name: %s
-      # The envelope (signed script, signature, KPSSH_* params) goes to the
-      # shim's stdin; the shim verifies it with ssh-keygen before it runs.
+%s
       # The connect check (%s) is the shim's ping op, inside this task.
       no_log: true
       vars:
         kpssh_internal: script
       dklesev.kpssh.stdin_exec:
-        cmd: %s
-        stdin_file: %s
-        remove_stdin_file: true
+        cmd: %s%s
         result_file: %s
         connect_check: true
         connect_cmd: %s
-`, yq("kpssh: "+string(req.Phase)+" verified script"), yq(connectTaskName), yq(run), yq(rc.path(fileEnvelope)), yq(rc.path(fileResult)), yq(shim+" ping"))
+`, yq("kpssh: "+string(req.Phase)+" "+name), comment, yq(connectTaskName), yq(run), stdin, yq(rc.path(fileResult)), yq(shim+" ping"))
 	return b.String()
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +71,15 @@ func TestVerifySignature(t *testing.T) {
 		{"shim command, newline", PhaseJoin, Source{Script: script, Verified: &Verified{Signature: string(v1), TrustedSigners: []string{pub}, ShimCommand: "kpssh-shim\nrm -rf /tmp/x"}}, "shimCommand"},
 		{"shim command, tab", PhaseJoin, Source{Script: script, Verified: &Verified{Signature: string(v1), TrustedSigners: []string{pub}, ShimCommand: "sudo\t-n kpssh-shim"}}, "shimCommand"},
 		{"shim command, sudo", PhaseJoin, Source{Script: script, Verified: &Verified{Signature: string(v1), TrustedSigners: []string{pub}, ShimCommand: "sudo -n /usr/local/sbin/kpssh-shim"}}, ""},
+		// The host's provisioned fallback leave: nothing of the controller's
+		// but the shim command, and only as leave.
+		{"provisioned leave", PhaseLeave, Source{Verified: &Verified{ProvisionedLeave: true}}, ""},
+		{"provisioned leave, no trusted signers needed", PhaseLeave, Source{Verified: &Verified{ProvisionedLeave: true, ShimCommand: "sudo -n /usr/local/sbin/kpssh-shim"}}, ""},
+		{"provisioned leave as join", PhaseJoin, Source{Verified: &Verified{ProvisionedLeave: true}}, "only as leave"},
+		{"provisioned leave as reboot", PhaseReboot, Source{Verified: &Verified{ProvisionedLeave: true}}, "only as leave"},
+		{"provisioned leave with a script", PhaseLeave, Source{Script: script, Verified: &Verified{ProvisionedLeave: true}}, "takes no script"},
+		{"provisioned leave with a signature", PhaseLeave, Source{Verified: &Verified{ProvisionedLeave: true, Signature: string(v1)}}, "takes no script"},
+		{"provisioned leave, shim command", PhaseLeave, Source{Verified: &Verified{ProvisionedLeave: true, ShimCommand: "kpssh-shim; rm -rf /"}}, "shimCommand"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -113,6 +123,50 @@ func TestVerifiedRenderAndOutcome(t *testing.T) {
 	}
 	if got := verifiedOutcome(Result{Outcome: Failed, Touched: false, RC: 2}); got.Outcome != Failed {
 		t.Error("an untouched failure became Rejected")
+	}
+}
+
+// TestProvisionedLeaveRender: the host's fallback leave is one task that
+// runs the shim's fallback-leave op with the phase timeout and nothing on
+// stdin: no envelope, no script, no params, whatever the context holds.
+func TestProvisionedLeaveRender(t *testing.T) {
+	_, hostPub := verifiedSigner(t)
+	req := Request{Phase: PhaseLeave, Conn: Connection{Address: "10.0.0.5", User: "kpssh", PrivateKey: testKeyPEM(t), HostKey: hostPub},
+		Source:  Source{Verified: &Verified{ProvisionedLeave: true, ShimCommand: "sudo -n /opt/kpssh-shim"}},
+		Context: Context{HostAddress: "10.0.0.5", NodeAddress: "10.0.0.6", NodeName: "n1", Vars: map[string]string{"x": "y"}},
+		Timeout: 3 * time.Minute}
+	out, err := Render(req, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"sudo -n /opt/kpssh-shim fallback-leave 180"`, `"sudo -n /opt/kpssh-shim ping"`, "provisioned fallback leave", "no envelope"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("render lacks %q:\n%s", want, out)
+		}
+	}
+	for _, never := range []string{"stdin_file", "kpssh-envelope", "KPSSH_", "10.0.0.6"} {
+		if strings.Contains(out, never) {
+			t.Errorf("render holds %q: the provisioned leave sends nothing but the op:\n%s", never, out)
+		}
+	}
+	if err := VerifyParams(PhaseLeave, req.Source, req.Context); err != nil {
+		t.Errorf("VerifyParams of the provisioned leave: %v", err)
+	}
+}
+
+// TestFallbackLeaveScriptMatchesTheRole: a Verified host's provisioned
+// fallback leave is the same body Raw hosts get.
+func TestFallbackLeaveScriptMatchesTheRole(t *testing.T) {
+	b, err := os.ReadFile("../../roles/verified_host/files/fallback-leave")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, body, ok := strings.Cut(string(b), "\nset -euo pipefail\n")
+	if !ok || !strings.HasPrefix(string(b), "#!/bin/bash\n") {
+		t.Fatalf("the role's fallback-leave does not start with #!/bin/bash and carry set -euo pipefail:\n%s", b)
+	}
+	if body != FallbackLeaveScript {
+		t.Fatalf("the role's fallback-leave body differs from engine.FallbackLeaveScript:\n%s\nwant:\n%s", body, FallbackLeaveScript)
 	}
 }
 

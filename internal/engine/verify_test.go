@@ -60,7 +60,7 @@ func TestVerifyGetsInstallContext(t *testing.T) {
 	if err := Validate(PhaseVerify, Source{Script: "test -e {{ .Vars.dev }} && echo {{ .NodeName }}"}); err != nil {
 		t.Errorf("a verify script using vars: %v", err)
 	}
-	if got := PhaseNames(); !strings.HasSuffix(got, ", reboot or verify") || !strings.HasPrefix(got, "install, join") {
+	if got := PhaseNames(); !strings.HasSuffix(got, ", reboot, verify or check") || !strings.HasPrefix(got, "install, join") {
 		t.Errorf("PhaseNames() = %q", got)
 	}
 }

@@ -59,6 +59,8 @@ type wireVerified struct {
 	Profile        string   `json:"profile,omitempty"`
 	TrustedSigners []string `json:"trustedSigners,omitempty"`
 	ShimCommand    string   `json:"shimCommand,omitempty"`
+	// ProvisionedLeave: leave through the host's own fallback (no script).
+	ProvisionedLeave bool `json:"provisionedLeave,omitempty"`
 }
 
 type wireContext struct {
@@ -96,7 +98,7 @@ func EncodeInput(req engine.Request) ([]byte, error) {
 		Check:   req.Check,
 	}
 	if v := req.Source.Verified; v != nil {
-		in.Source.Verified = &wireVerified{Signature: v.Signature, Profile: v.Profile, TrustedSigners: v.TrustedSigners, ShimCommand: v.ShimCommand}
+		in.Source.Verified = &wireVerified{Signature: v.Signature, Profile: v.Profile, TrustedSigners: v.TrustedSigners, ShimCommand: v.ShimCommand, ProvisionedLeave: v.ProvisionedLeave}
 	}
 	b, err := json.Marshal(in)
 	if err != nil {
@@ -146,7 +148,7 @@ func DecodeInput(b []byte) (engine.Request, error) {
 		Check:   in.Check,
 	}
 	if v := in.Source.Verified; v != nil {
-		req.Source.Verified = &engine.Verified{Signature: v.Signature, Profile: v.Profile, TrustedSigners: v.TrustedSigners, ShimCommand: v.ShimCommand}
+		req.Source.Verified = &engine.Verified{Signature: v.Signature, Profile: v.Profile, TrustedSigners: v.TrustedSigners, ShimCommand: v.ShimCommand, ProvisionedLeave: v.ProvisionedLeave}
 	}
 	return req, nil
 }

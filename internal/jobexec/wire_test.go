@@ -20,7 +20,7 @@ func fullRequest() engine.Request {
 	return engine.Request{
 		Phase: engine.PhaseJoin,
 		Conn:  engine.Connection{Address: "10.0.0.5", Port: 2222, User: "ops", PrivateKey: []byte(fakeKey), HostKey: "ssh-ed25519 AAAAC3Nz"},
-		Source: engine.Source{Script: "echo {{ .NodeName }}", Verified: &engine.Verified{Signature: "-----BEGIN SSH SIGNATURE-----", Profile: "p@2",
+		Source: engine.Source{Script: "echo {{ .NodeName }}", Verified: &engine.Verified{ProvisionedLeave: true, Signature: "-----BEGIN SSH SIGNATURE-----", Profile: "p@2",
 			TrustedSigners: []string{"ssh-ed25519 AAAA signer"}, ShimCommand: "sudo -n kpssh-shim"}},
 		Context: engine.Context{ClusterEndpoint: "https://10.0.0.1:6443", ClusterCAB64: "Q0E=", BootstrapToken: "abcdef.0123456789abcdef",
 			NodeName: "n1", ProviderID: "kpssh://ns/h1", HostAddress: "10.0.0.5", NodeAddress: "10.0.0.5", NodeLabels: "a=b", Taints: "t=:NoSchedule",

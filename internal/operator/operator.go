@@ -107,7 +107,7 @@ func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*eng
 
 	hc := host.New(kube, op.EventRecorder, o.PoolNamespace)
 	hc.Keys = keys
-	hc.Leaver = leave.NewEngine(kube, runner)
+	hc.Leaver = leave.NewEngine(kube, runner, op.EventRecorder)
 	hc.Interval, hc.Timeout, hc.Concurrency = o.ProbeInterval, o.ProbeTimeout, o.ProbeConcurrency
 	dc := drift.New(kube, live, cp, op.EventRecorder, op.Clock, o.PoolNamespace)
 

@@ -357,10 +357,12 @@ func TestDeployment(t *testing.T) {
 		if o.Executor != options.ExecutorLocal || o.JobImage != "" {
 			t.Errorf("defaults: executor %q job image %q", o.Executor, o.JobImage)
 		}
-		// A fixed pool: repair acts (reboot first) and repair and drift
-		// terminate before they replace.
+		// A fixed pool: repair acts (reboot first), repair and drift
+		// terminate before they replace (nodes of the hosts' reservation),
+		// static NodePools are served.
 		gates := coreoptions.DefaultFeatureGates()
 		gates.NodeRepair, gates.TerminateFirstRepair, gates.TerminateFirstDrift = true, true, true
+		gates.ReservedCapacity, gates.StaticCapacity = true, true
 		if core.FeatureGates != gates || core.BatchMaxDuration != 10*time.Second || core.BatchIdleDuration != time.Second {
 			t.Errorf("defaults: Karpenter core settings %+v", core)
 		}
@@ -383,7 +385,7 @@ func TestDeployment(t *testing.T) {
 			t.Errorf("repair %+v, want %+v", o.Repair, want)
 		}
 		want := coreoptions.DefaultFeatureGates()
-		want.NodeRepair, want.TerminateFirstRepair = true, true // the chart's, kept
+		want.NodeRepair, want.TerminateFirstRepair, want.StaticCapacity = true, true, true // the chart's, kept
 		want.TerminateFirstDrift, want.NodeOverlay, want.CapacityBuffer = false, false, true
 		if core.FeatureGates != want || core.BatchMaxDuration != time.Minute || core.BatchIdleDuration != 5*time.Second ||
 			core.PreferencePolicy != coreoptions.PreferencePolicyIgnore || core.MinValuesPolicy != coreoptions.MinValuesPolicyBestEffort || core.KubeClientQPS != 50 {

@@ -47,8 +47,10 @@ func TestE2E(t *testing.T) {
 		{"PowerOutage", powerOutage},
 		{"Maintenance", maintenance},
 		{"Drift", drift},
-		{"Verify", verifyGate},   // verify_test.go
-		{"HostDrift", hostDrift}, // hostdrift_test.go
+		{"FullPool", fullPool},     // pools_test.go
+		{"StaticPool", staticPool}, // pools_test.go
+		{"Verify", verifyGate},     // verify_test.go
+		{"HostDrift", hostDrift},   // hostdrift_test.go
 		{"CrashResume", crashResume},
 		{"RoleProfile", roleProfile},
 		{"Releases", releases},
@@ -409,19 +411,7 @@ func releases(w *world, st *state) {
 		start := time.Now()
 		w.scale(len(hosts))
 		w.eventually(fmt.Sprintf("all %d hosts joined with %s as Ready nodes", len(hosts), profile), 8*time.Minute, func() (bool, string) {
-			inUse := 0
-			for _, h := range w.sshHosts() {
-				if h.Status.State == v1beta1.HostInUse && strings.HasPrefix(h.Status.InstalledProfile, profile+"@") {
-					inUse++
-				}
-			}
-			ready := 0
-			for _, n := range w.nodes() {
-				if nodeReady(&n) {
-					ready++
-				}
-			}
-			return inUse == len(hosts) && ready == len(hosts), fmt.Sprintf("%d hosts InUse with %s, %d Nodes Ready", inUse, profile, ready)
+			return w.allJoined(len(hosts), profile+"@")
 		})
 		joined := map[string][]string{}
 		for i, h := range hosts {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1" // registers NodePool/NodeClaim in client-go's scheme
+	"sigs.k8s.io/yaml"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/test/hostenv"
@@ -152,9 +154,14 @@ func newWorld(t testing.TB) *world {
 	t.Logf("profile: %s", w.profile)
 	w.createHosts()
 
+	gates, err := chartFeatureGates(repo)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// One metrics port for the world: Prometheus keeps one scrape target
 	// across controller restarts.
 	w.ctrl = &controller{t: t, bin: bin, dir: repo, logDir: w.logDir, metricsPort: freePort(), env: []string{
+		"FEATURE_GATES=" + gates,
 		"KUBECONFIG=" + w.kubeconfig,
 		"DISABLE_LEADER_ELECTION=true",
 		"POOL_NAMESPACE=" + poolNS,
@@ -169,6 +176,33 @@ func newWorld(t testing.TB) *world {
 	w.eventually("3 hosts Available", 3*time.Minute, func() (bool, string) { return w.allHosts(v1beta1.HostAvailable) })
 	t.Logf("world ready in %v", time.Since(start).Round(time.Millisecond))
 	return w
+}
+
+// chartFeatureGates is FEATURE_GATES as the chart sets it by default
+// (charts/kpssh/values.yaml settings.featureGates): the world runs the
+// gates that ship.
+func chartFeatureGates(repo string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(repo, "charts/kpssh/values.yaml"))
+	if err != nil {
+		return "", err
+	}
+	var v struct {
+		Settings struct {
+			FeatureGates map[string]bool `json:"featureGates"`
+		} `json:"settings"`
+	}
+	if err := yaml.Unmarshal(b, &v); err != nil {
+		return "", fmt.Errorf("charts/kpssh/values.yaml: %w", err)
+	}
+	var gates []string
+	for g, on := range v.Settings.FeatureGates {
+		gates = append(gates, fmt.Sprintf("%s=%t", g, on))
+	}
+	if len(gates) == 0 {
+		return "", fmt.Errorf("charts/kpssh/values.yaml sets no settings.featureGates")
+	}
+	sort.Strings(gates)
+	return strings.Join(gates, ","), nil
 }
 
 func (w *world) kubectl(args ...string) (string, error) {

@@ -23,6 +23,7 @@ import (
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/envelope"
+	"github.com/dklesev/kpssh/internal/sshsig"
 	"github.com/dklesev/kpssh/test/testexec"
 )
 
@@ -37,6 +38,8 @@ const (
 	// sudo logs every command it runs; on a Verified host the only one the
 	// kpssh login may run is the shim.
 	shimSudoLine = "COMMAND=/usr/local/bin/kpssh-shim run"
+	// the host's provisioned fallback leave, through the shim's op
+	shimFallbackLine = "COMMAND=/usr/local/bin/kpssh-shim fallback-leave"
 )
 
 // sigKey is an ed25519 key made by the real ssh-keygen.
@@ -73,6 +76,9 @@ type verifiedRun struct {
 //     refuses (Rejected, rc 2), nothing of join ran, no token is left, the
 //     host never goes InUse; the signer's signatures restored → the retried
 //     launch joins;
+//   - the profile's leave manifest expires under the running node: the
+//     node class says so (SignaturesExpiring), and scale 0 leaves through
+//     the host's provisioned fallback leave (LeaveFallback), Available;
 //   - the host goes back to Raw (user root) and is de-provisioned, so later
 //     scenarios see three plain hosts.
 func verified(w *world, _ *state) {
@@ -542,8 +548,79 @@ func (v *verifiedRun) rogueRefused() {
 	w.apply(v.goodProfile)
 	v.trust(v.signer)
 	v.joined("after restoring the signer's profile, the retried launch joined")
+	v.expiredLeave()
+}
+
+// expiredLeave: the profile's leave manifest has expired while the node
+// ran (signed for 30 days, the node older). Before, Delete's leave was
+// refused forever (the controller's check: expired) and the host was
+// released with its kubelet running. Now the node class says so first
+// (SignaturesExpiring), and leave runs the host's own provisioned fallback
+// leave through the shim: units disabled, the host Available, the event
+// LeaveFallback naming the expiry.
+func (v *verifiedRun) expiredLeave() {
+	w := v.w
+	w.t.Helper()
+	p := &v1beta1.SSHJoinProfile{}
+	raw, err := os.ReadFile(v.goodProfile)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(raw, p); err != nil {
+		w.t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	m, err := envelope.MarshalManifest(envelope.Manifest{Phase: "leave", Profile: p.Marker(), ScriptSHA256: envelope.ScriptDigest([]byte(p.Spec.Scripts.Leave)),
+		IssuedAt: now.Add(-31 * 24 * time.Hour), NotAfter: now.Add(-time.Hour)})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	sig, err := sshsig.Sign(v.signer.priv, m, sshsig.Namespace)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	p.Spec.Signatures.Leave = v1beta1.Signature(envelope.FormatSignedField(envelope.SignedField{Manifest: m, Signature: sig}))
+	b, err := yaml.Marshal(p)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	file := filepath.Join(v.dir, "profile-expired-leave.yaml")
+	writeFile(w, file, string(b))
+	w.apply(file)
+	w.eventually("node class verified: SignaturesExpiring Expired, naming leave", time.Minute, func() (bool, string) {
+		nc := &v1beta1.SSHNodeClass{}
+		if err := w.kube.Get(context.Background(), client.ObjectKey{Name: "verified"}, nc); err != nil {
+			return false, err.Error()
+		}
+		c := nc.StatusConditions().Get(v1beta1.ConditionSignaturesExpiring)
+		return c != nil && c.IsTrue() && c.Reason == "Expired" && strings.Contains(c.Message, "leave manifest expired"), fmt.Sprintf("%+v", c)
+	})
+	leaveState, fallbacks := v.shimState("leave"), v.journalCount("sudo", shimFallbackLine)
+	start := time.Now()
 	v.scale(0)
-	w.allLeft("verified pool scaled to 0 after the rogue run")
+	w.allLeft("verified leave with an expired manifest: the host's fallback leave; claim, node gone; hosts Available")
+	w.t.Logf("left with the fallback leave %v after scaling to 0", time.Since(start).Round(100*time.Millisecond))
+	h := w.sshHost(v.name)
+	if lp := h.Status.LastPhase; lp == nil || lp.Phase != v1beta1.PhaseLeave || lp.Result != v1beta1.PhaseSucceeded {
+		w.t.Errorf("last phase %+v, want a succeeded leave", lp)
+	} else {
+		w.t.Logf("fallback leave through the shim: %v", lp.Duration.Duration)
+	}
+	if h.LeaveOwed() {
+		w.t.Errorf("condition LeaveFailed on %s after its fallback leave succeeded", v.name)
+	}
+	w.eventually("LeaveFallback event naming the expired manifest", time.Minute, func() (bool, string) {
+		evs := v.events(poolNS, v.name, "LeaveFallback")
+		return strings.Contains(evs, "manifest expired"), evs
+	})
+	// It went through the shim's op (sudo logs it), not the signed path:
+	// the shim's leave record did not move.
+	if n := v.journalCount("sudo", shimFallbackLine); n <= fallbacks {
+		w.t.Errorf("sudo logged no %q (%d before, %d now)", shimFallbackLine, fallbacks, n)
+	}
+	if got := v.shimState("leave"); got != leaveState {
+		w.t.Errorf("shim state of leave moved %q → %q: an expired manifest ran", leaveState, got)
+	}
 }
 
 // events lists "reason: message" lines of events (namespace "" = all).

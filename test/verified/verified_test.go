@@ -616,6 +616,20 @@ func TestVerifiedHost(t *testing.T) {
 		}
 	})
 
+	t.Run("leave with no signed leave to send: the host's own fallback", func(t *testing.T) {
+		parent := f.t
+		f.t = t
+		defer func() { f.t = parent }()
+		f.leaveWithoutSignedLeave()
+	})
+
+	t.Run("the shim's fallback-leave op runs only the provisioned file", func(t *testing.T) {
+		parent := f.t
+		f.t = t
+		defer func() { f.t = parent }()
+		f.fallbackLeaveOp()
+	})
+
 	// Last: it reboots the host. A profile without scripts.reboot whose
 	// signatures.reboot signs kpssh's default reboot: the shim runs the
 	// default as signed, and the host comes back with a new boot id. Without

@@ -27,8 +27,11 @@ import (
 	"sigs.k8s.io/karpenter/pkg/events"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/probe"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
+	"github.com/dklesev/kpssh/internal/providers/leave"
+	"github.com/dklesev/kpssh/internal/providers/phase"
 	"github.com/dklesev/kpssh/internal/providers/pool"
 	"github.com/dklesev/kpssh/internal/providers/token"
 	"github.com/dklesev/kpssh/internal/sshx"
@@ -177,6 +180,17 @@ func (w *world) reconcile(t *testing.T, name string) reconcile.Result {
 		t.Fatalf("reconcile: %v", err)
 	}
 	return res
+}
+
+// nextProbeLeaves lets a probe interval pass and reconciles h1 with the
+// prober answering results and leave succeeding.
+func (w *world) nextProbeLeaves(t *testing.T, results ...probe.Result) {
+	t.Helper()
+	w.prober.calls = 0
+	w.prober.results = results
+	w.leaver.err = nil
+	w.clock.Step(2 * time.Minute)
+	w.reconcile(t, "h1")
 }
 
 func (w *world) host(t *testing.T, name string) *v1beta1.SSHHost {
@@ -569,14 +583,58 @@ func TestZombieLeaveFailureKeepsNodeAndRetries(t *testing.T) {
 			if got := testutil.ToFloat64(zombieActions.WithLabelValues(ActionLeaveFailed)) - before; got != 1 {
 				t.Fatalf("leave_failed counted %v", got)
 			}
+			if !h.LeaveOwed() {
+				t.Fatal("no LeaveFailed condition after a failed zombie leave")
+			}
 			// Retried on the next probe.
-			w.prober.calls = 0
-			w.prober.results = []probe.Result{facts(true), facts(false)}
-			w.leaver.err = nil
-			w.clock.Step(2 * time.Minute)
+			w.nextProbeLeaves(t, facts(true), facts(false))
+			if h := w.host(t, "h1"); h.Status.State != v1beta1.HostAvailable || w.leaver.calls != 2 || h.LeaveOwed() {
+				t.Fatalf("retry: state %s calls %d owed %v", h.Status.State, w.leaver.calls, h.LeaveOwed())
+			}
+		})
+	}
+}
+
+// A host released with condition LeaveFailed (Delete's leave did not
+// succeed, nothing of it may have run) owes a leave: every probe runs leave,
+// also when the kubelet looks stopped (a leave that failed half-way) and
+// with no marker and no Node (it is ours: Delete said so), and the host
+// stays Unhealthy, never Available, until one succeeds.
+func TestOwedLeaveRunsUntilItSucceeds(t *testing.T) {
+	owes := func(h *v1beta1.SSHHost) {
+		h.Status.LastProbeTime = &metav1.Time{Time: time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC)}
+		h.Status.ObservedGeneration = h.Generation
+		h.SetState(v1beta1.HostUnhealthy, "leave under NodeClaim a did not succeed", metav1.Now())
+		h.SetLeaveFailed("Rejected", "leave under NodeClaim a did not succeed, so the kubelet may still run: fallback leave Rejected (rc 4)", metav1.Now())
+	}
+	for _, tc := range []struct {
+		name    string
+		kubelet bool
+	}{
+		{"kubelet looks stopped", false},
+		{"kubelet active, no marker, no Node: ours all the same", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, nil, newHost("h1", owes))
+			w.prober.results = []probe.Result{facts(tc.kubelet)}
+			w.leaver.err = &leave.Error{Result: leave.Result{Outcome: phase.Outcome{Result: engine.Result{Outcome: engine.Rejected, RC: 4}}}}
 			w.reconcile(t, "h1")
-			if h := w.host(t, "h1"); h.Status.State != v1beta1.HostAvailable || w.leaver.calls != 2 {
-				t.Fatalf("retry: state %s calls %d", h.Status.State, w.leaver.calls)
+			h := w.host(t, "h1")
+			c := h.StatusConditions().Get(v1beta1.ConditionLeaveFailed)
+			if h.Status.State != v1beta1.HostUnhealthy || w.leaver.calls != 1 || c == nil || !c.IsTrue() || c.Reason != "Rejected" ||
+				!strings.Contains(c.Message, "zombie guard") {
+				t.Fatalf("after a failed owed leave: state %s, leave calls %d, LeaveFailed %+v", h.Status.State, w.leaver.calls, c)
+			}
+			if strings.Contains(strings.Join(w.rec.reasons(), ","), ReasonForeignKubelet) {
+				t.Fatal("a host owing a leave was parked as a foreign kubelet")
+			}
+			// The next probe, kubelet stopped: leave runs again (the owed
+			// one), and only its success makes the host Available.
+			w.nextProbeLeaves(t, facts(false), facts(false))
+			h = w.host(t, "h1")
+			if h.Status.State != v1beta1.HostAvailable || w.leaver.calls != 2 || h.LeaveOwed() ||
+				h.StatusConditions().Get(v1beta1.ConditionLeaveFailed) != nil {
+				t.Fatalf("after the owed leave succeeded: state %s, leave calls %d, conditions %+v", h.Status.State, w.leaver.calls, h.Status.Conditions)
 			}
 		})
 	}

@@ -51,7 +51,9 @@ func (c *Controller) probe(ctx context.Context, h *v1beta1.SSHHost) (reconcile.R
 		return c.probeFailed(ctx, h, res, creds, err)
 	}
 	probeDuration.WithLabelValues(ProbeSuccess).Observe(c.Clock.Since(start).Seconds())
-	if res.Facts.KubeletMayRun() {
+	if res.Facts.KubeletMayRun() || h.LeaveOwed() {
+		// A host whose last leave failed owes one, whatever its kubelet
+		// shows now: only a leave that succeeds clears it.
 		return c.zombie(ctx, h, creds, res)
 	}
 	if h.CurrentState() == v1beta1.HostLeaving {
@@ -79,6 +81,9 @@ func (c *Controller) probeSucceeded(ctx context.Context, h *v1beta1.SSHHost, cre
 	h.Status.ObservedArch = res.Facts.Arch
 	h.Status.ObservedNodeAddress = res.Facts.NodeIP
 	h.Status.LastProbeError = ""
+	// Reached with no kubelet that may run, and only once an owed leave
+	// succeeded (probe routes owing hosts through the zombie guard).
+	h.SetLeaveFailed("", "", now)
 	if msg == "" {
 		msg = fmt.Sprintf("probe succeeded: %d CPU, %s memory, %s", res.Facts.CPU, h.Status.ObservedCapacity.Memory(), res.Facts.Arch)
 	}

@@ -17,9 +17,11 @@ import (
 	"github.com/dklesev/kpssh/internal/providers/leave"
 )
 
-// zombie is the seed's flowchart for a kubelet active on an unclaimed host.
-// Not ours (no Node tied to the host and no install marker) → park
-// Unhealthy and touch nothing. Ours → CAS to Leaving first (fences a racing
+// zombie is the seed's flowchart for a kubelet active on an unclaimed host,
+// and the retry of a leave the host owes (condition LeaveFailed: its last
+// leave failed, whatever the kubelet shows now). Not ours (no Node tied to
+// the host, no install marker, no leave owed) → park Unhealthy and touch
+// nothing. Ours → CAS to Leaving first (fences a racing
 // claim, which only takes Available hosts), run leave, check the kubelet is
 // really stopped, and only then delete the Node tied to the host — or it
 // simply re-registers. A Node is tied by identity (leave.Tied), never by
@@ -32,7 +34,7 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 	c.reportAmbiguous(ctx, h, m)
 	node := m.Node
 	now := metav1.NewTime(c.Clock.Now())
-	if node == nil && h.Status.InstalledProfile == "" {
+	if node == nil && h.Status.InstalledProfile == "" && !h.LeaveOwed() {
 		orig := h.DeepCopy()
 		recordProbe(h, creds, res, now)
 		h.Status.LastProbeError = "foreign kubelet active: no Node is tied to the host (by providerID or host label) and it has no install marker"
@@ -52,12 +54,18 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 	}
 
 	orig := h.DeepCopy()
-	setState(h, v1beta1.HostLeaving, "zombie kubelet: running leave", now)
+	why := "zombie kubelet: running leave"
+	if h.LeaveOwed() {
+		why = "leave owed (the last one did not succeed): running leave"
+	}
+	setState(h, v1beta1.HostLeaving, why, now)
 	if err := patchStatus(ctx, c.Client, orig, h); err != nil {
 		return reconcile.Result{}, true, err
 	}
-	c.Recorder.Publish(zombieKubelet(h))
-	log.FromContext(ctx).Info("zombie kubelet on unclaimed host; leaving", "Node", klog.KRef("", nodeName(node)))
+	if res.Facts.KubeletMayRun() {
+		c.Recorder.Publish(zombieKubelet(h))
+	}
+	log.FromContext(ctx).Info(why, "Node", klog.KRef("", nodeName(node)))
 
 	leaveErr := c.Leaver.Leave(ctx, h, creds)
 	var after probe.Result
@@ -85,6 +93,9 @@ func (c *Controller) zombie(ctx context.Context, h *v1beta1.SSHHost, creds hostk
 		recordProbe(h, creds, res, now)
 		h.Status.LastProbeError = "zombie leave failed: " + leaveErr.Error()
 		setState(h, v1beta1.HostUnhealthy, h.Status.LastProbeError, now)
+		// Owed until a leave succeeds: the next probe tries again even if
+		// the kubelet looks stopped then.
+		leave.RecordError(h, leaveErr, "by the zombie guard", now)
 		zombieActions.WithLabelValues(ActionLeaveFailed).Inc()
 		c.Recorder.Publish(zombieLeaveFailed(h, leaveErr))
 		return reconcile.Result{RequeueAfter: c.Interval}, true, patchStatus(ctx, c.Client, orig, h)

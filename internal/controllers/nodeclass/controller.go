@@ -152,9 +152,20 @@ func (c *Controller) reconcile(ctx context.Context, nc *v1beta1.SSHNodeClass) (r
 	if err := c.ensureFinalizer(ctx, nc); err != nil {
 		return reconcile.Result{}, err
 	}
-	content, err := c.updateReadiness(ctx, nc)
-	if err != nil || !content || c.ContentRecheck <= 0 {
+	v, err := c.updateReadiness(ctx, nc)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
-	return reconcile.Result{RequeueAfter: c.ContentRecheck}, nil
+	var res reconcile.Result
+	if v.content && c.ContentRecheck > 0 {
+		res.RequeueAfter = c.ContentRecheck
+	}
+	// Time alone moves a manifest into the warning window, and past its
+	// not-after: no watch reports that.
+	if !v.expiry.Next.IsZero() {
+		if d := v.expiry.Next.Sub(c.Clock.Now()) + time.Second; res.RequeueAfter == 0 || d < res.RequeueAfter {
+			res.RequeueAfter = d
+		}
+	}
+	return res, nil
 }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/internal/envelope"
 	"github.com/dklesev/kpssh/internal/profile"
 )
 
@@ -605,4 +606,82 @@ func TestClaimGonePredicate(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, tc.got, tc.want)
 		}
 	}
+}
+
+// signedProfile is a template-free script profile whose phases carry v2
+// manifests expiring at the given times (only their text is read here: the
+// signature after each is a stub).
+func signedProfile(t *testing.T, name string, notAfter map[engine.Phase]time.Time) *v1beta1.SSHJoinProfile {
+	t.Helper()
+	p := &v1beta1.SSHJoinProfile{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1beta1.SSHJoinProfileSpec{Version: "3",
+		Scripts:    &v1beta1.ProfileScripts{Install: "set -euo pipefail\n", Join: "set -euo pipefail\n", Leave: "set -euo pipefail\n"},
+		Signatures: &v1beta1.ProfileSignatures{}}}
+	for ph, na := range notAfter {
+		m, err := envelope.MarshalManifest(envelope.Manifest{Phase: string(ph), Profile: name + "@3", ScriptSHA256: envelope.ScriptDigest([]byte("set -euo pipefail\n")),
+			IssuedAt: t0.Add(-24 * time.Hour), NotAfter: na, Params: map[string]envelope.ParamRule{"KPSSH_NODE_NAME": {Kind: envelope.RuleRE, Arg: ".*"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := v1beta1.Signature(string(m) + "-----BEGIN SSH SIGNATURE-----\nU1NIU0lH\n-----END SSH SIGNATURE-----\n")
+		switch ph {
+		case engine.PhaseJoin:
+			p.Spec.Signatures.Join = f
+		case engine.PhaseLeave:
+			p.Spec.Signatures.Leave = f
+		}
+	}
+	return p
+}
+
+// TestSignaturesExpiring: a profile manifest expiring within two weeks
+// (the default validity is 30 days) shows on the node class as condition
+// SignaturesExpiring with the phase and date, and an event; time alone
+// brings it (the class is requeued for the window and the expiry), Ready
+// is not its concern, and a re-signed profile clears it.
+func TestSignaturesExpiring(t *testing.T) {
+	leaveAt, joinAt := t0.Add(10*24*time.Hour), t0.Add(60*24*time.Hour)
+	h := newHarness(t, nil, nil, class("c", "p"), host("h1", ns, nil),
+		signedProfile(t, "p", map[engine.Phase]time.Time{engine.PhaseLeave: leaveAt, engine.PhaseJoin: joinAt}))
+	expiring := func(name, wantReason, wantIn string, wantRequeue time.Duration) {
+		t.Helper()
+		res := h.mustReconcile(t, "c")
+		nc := h.get(t, "c")
+		c := nc.StatusConditions().Get(v1beta1.ConditionSignaturesExpiring)
+		switch {
+		case wantReason == "" && c != nil:
+			t.Fatalf("%s: condition %+v, want none", name, c)
+		case wantReason != "" && (c == nil || !c.IsTrue() || c.Reason != wantReason || !strings.Contains(c.Message, wantIn)):
+			t.Fatalf("%s: condition %+v, want True %s containing %q", name, c, wantReason, wantIn)
+		}
+		if st, r, m := ready(nc); st != metav1.ConditionTrue || r != ReasonReady {
+			t.Fatalf("%s: Ready %s/%s %q: the expiry must not change it", name, st, r, m)
+		}
+		if res.RequeueAfter != wantRequeue {
+			t.Fatalf("%s: requeue after %v, want %v", name, res.RequeueAfter, wantRequeue)
+		}
+	}
+	expiring("leave in 10 days", profile.ReasonSignaturesExpiring, "leave manifest expires 2026-03-11T12:00:00Z", 10*24*time.Hour+time.Second)
+	if c := h.get(t, "c").StatusConditions().Get(v1beta1.ConditionSignaturesExpiring); strings.Contains(c.Message, "join manifest") {
+		t.Fatalf("join, 60 days out, is named: %s", c.Message)
+	}
+	expiring("again, unchanged", profile.ReasonSignaturesExpiring, "expires 2026-03-11", 10*24*time.Hour+time.Second)
+	if got := h.rec.reasons(); !reflect.DeepEqual(got, []string{ReasonSignaturesExpiring}) {
+		t.Fatalf("events %v, want one SignaturesExpiring", got)
+	}
+	h.clock.SetTime(leaveAt.Add(time.Second))
+	expiring("leave expired", profile.ReasonSignaturesExpired, "leave manifest expired 2026-03-11T12:00:00Z", joinAt.Add(-profile.ExpiryWarning).Sub(leaveAt.Add(time.Second))+time.Second)
+	if got := h.rec.reasons(); len(got) != 2 {
+		t.Fatalf("events %v, want a second SignaturesExpiring for the expiry", got)
+	}
+	// re-signed for longer: gone
+	p := signedProfile(t, "p", map[engine.Phase]time.Time{engine.PhaseLeave: joinAt, engine.PhaseJoin: joinAt})
+	old := &v1beta1.SSHJoinProfile{}
+	if err := h.cl.Get(context.Background(), client.ObjectKey{Name: "p"}, old); err != nil {
+		t.Fatal(err)
+	}
+	p.ResourceVersion = old.ResourceVersion
+	if err := h.cl.Update(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	expiring("re-signed", "", "", joinAt.Add(-profile.ExpiryWarning).Sub(leaveAt.Add(time.Second))+time.Second)
 }

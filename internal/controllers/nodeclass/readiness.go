@@ -50,6 +50,9 @@ type verdict struct {
 	// and a VerifiedScriptWarning event: a signed script without `set -euo
 	// pipefail` is usable, but a failing command would not fail its phase.
 	warning string
+	// expiry: the profile's signed manifests expiring within
+	// profile.ExpiryWarning (condition SignaturesExpiring).
+	expiry profile.ExpiryStatus
 }
 
 // ReasonVerifiedScriptWarning is the node class event of a warning.
@@ -83,10 +86,11 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 	}
 	// content: the verdict depends on role files (see ContentRecheck).
 	content := p.Spec.Ansible != nil && strings.TrimSpace(p.Spec.Ansible.Role) != "" && c.Roles != nil
+	expiry := profile.CheckExpiry(p, c.Clock.Now())
 	res := profile.CheckClass(p, nc, c.Roles)
 	if !res.OK() {
 		v := notReady(res.Reason, "%s", res.Message)
-		v.content = content
+		v.content, v.expiry = content, expiry
 		return v, nil
 	}
 	sel := labels.Everything()
@@ -97,8 +101,8 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 		}
 	}
 	// Whether any host matches, not which: one host, uncopied (this runs on
-	// every NodeClaim event; a full copy of a 5,000-host pool each time was
-	// a tenth of the controller's live heap).
+	// every host label change; a full copy of a 5,000-host pool each time
+	// was a tenth of the controller's live heap).
 	hosts := &v1beta1.SSHHostList{}
 	if err := c.Client.List(ctx, hosts, client.InNamespace(c.Namespace), client.MatchingLabelsSelector{Selector: sel},
 		client.Limit(1), client.UnsafeDisableDeepCopy); err != nil {
@@ -107,20 +111,22 @@ func (c *Controller) check(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdi
 	if len(hosts.Items) == 0 {
 		return notReady(ReasonNoHosts, "no SSHHost in namespace %s matches the hostSelector", c.Namespace), nil
 	}
-	v := verdict{ready: true, content: content}
+	v := verdict{ready: true, content: content, expiry: expiry}
 	if len(res.Warnings) > 0 {
 		v.warning = notReady("", "%s", profile.WarningMessage(p, res.Warnings)).message
 	}
 	return v, nil
 }
 
-// updateReadiness sets the Ready condition from check and writes the status
-// only when it changed; a change to not-ready is also an event. content
-// reports that the verdict depends on role files (see ContentRecheck).
-func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeClass) (content bool, err error) {
+// updateReadiness sets the Ready and SignaturesExpiring conditions from
+// check and writes the status only when it changed; a change to not-ready
+// is also an event, and so is an expiry message. It returns the verdict
+// (content: it depends on role files, see ContentRecheck; expiry.Next:
+// when the expiry condition changes next).
+func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeClass) (verdict, error) {
 	v, err := c.check(ctx, nc)
 	if err != nil {
-		return false, err
+		return v, err
 	}
 	orig := nc.DeepCopy()
 	before := readyCondition(orig)
@@ -130,8 +136,13 @@ func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeCla
 	} else {
 		cs.SetFalse(v1beta1.ConditionReady, v.reason, v.message)
 	}
+	expiring := setExpiry(nc, v.expiry, metav1.NewTime(c.Clock.Now()))
 	if err := patchStatus(ctx, c.Client, orig, nc); err != nil {
-		return false, err
+		return v, err
+	}
+	if expiring {
+		c.publish(events.Event{InvolvedObject: nc, Type: corev1.EventTypeWarning, Reason: ReasonSignaturesExpiring,
+			Message: v.expiry.Message, DedupeValues: []string{string(nc.UID), v.expiry.Message}})
 	}
 	after := readyCondition(nc)
 	if !v.ready && (before == nil || before.Status != after.Status || before.Reason != after.Reason || before.Message != after.Message) {
@@ -141,7 +152,36 @@ func (c *Controller) updateReadiness(ctx context.Context, nc *v1beta1.SSHNodeCla
 		c.publish(events.Event{InvolvedObject: nc, Type: corev1.EventTypeWarning, Reason: ReasonVerifiedScriptWarning,
 			Message: v.warning, DedupeValues: []string{string(nc.UID), v.warning}})
 	}
-	return v.content, nil
+	return v, nil
+}
+
+// ReasonSignaturesExpiring is the node class event when the
+// SignaturesExpiring condition's message changes to a new one.
+const ReasonSignaturesExpiring = "SignaturesExpiring"
+
+// setExpiry sets (or removes) the SignaturesExpiring condition and reports
+// whether its message is new. Written directly, not through the
+// ConditionSet: that would recompute Ready, which is not its concern.
+func setExpiry(nc *v1beta1.SSHNodeClass, e profile.ExpiryStatus, now metav1.Time) bool {
+	conds := nc.Status.Conditions[:0:0]
+	var old *status.Condition
+	for i := range nc.Status.Conditions {
+		if c := nc.Status.Conditions[i]; c.Type == v1beta1.ConditionSignaturesExpiring {
+			old = &c
+		} else {
+			conds = append(conds, c)
+		}
+	}
+	if e.Reason != "" {
+		cond := status.Condition{Type: v1beta1.ConditionSignaturesExpiring, Status: metav1.ConditionTrue, Reason: e.Reason,
+			Message: e.Message, ObservedGeneration: nc.Generation, LastTransitionTime: now}
+		if old != nil && old.Status == cond.Status {
+			cond.LastTransitionTime = old.LastTransitionTime
+		}
+		conds = append(conds, cond)
+	}
+	nc.Status.Conditions = conds
+	return e.Reason != "" && (old == nil || old.Message != e.Message)
 }
 
 func readyCondition(nc *v1beta1.SSHNodeClass) *status.Condition {

@@ -2,8 +2,15 @@
 // the seed's rules: one instance type per class; capacity is the
 // per-resource minimum over the class (a resource some host lacks is
 // dropped); one architecture per class or the class is skipped; classes with
-// no probed host are not advertised; price = pricePerCPUHour × vCPU; the one
-// offering is available while at least one host of the class is free.
+// no probed host are not advertised; price = pricePerCPUHour × vCPU.
+//
+// A class is offered twice, at the same price: as a capacity reservation
+// (capacity type reserved, its free hosts the reservation's capacity), and
+// on-demand, available while a host is free, to NodePools that allow only
+// on-demand (ForNodePool). Hosts you own are a reservation: a fixed number of exclusive
+// slots, and Karpenter knows to terminate a drifted or unhealthy node first
+// (TerminateFirstDrift, TerminateFirstRepair) only when it holds a slot of a
+// full reservation. A full pool could never launch a replacement first.
 package instancetype
 
 import (
@@ -22,12 +29,19 @@ import (
 	"github.com/dklesev/kpssh/internal/providers/pool"
 )
 
-// Zone and capacity type every offering carries: the pool is one place and
-// the hosts are owned, not spot.
-const (
-	Zone         = "pool"
-	CapacityType = karpv1.CapacityTypeOnDemand
-)
+// Zone every offering carries: the pool is one place.
+const Zone = "pool"
+
+// CapacityTypes a class is offered as: the hosts are owned, never spot.
+var CapacityTypes = []string{karpv1.CapacityTypeReserved, karpv1.CapacityTypeOnDemand}
+
+// Karpenter core learns the reservation label from its provider through
+// package variables (as every provider sets them).
+func init() {
+	karpv1.WellKnownLabels.Insert(v1beta1.LabelReservationID)
+	cloudprovider.ReservationIDLabel = v1beta1.LabelReservationID
+	cloudprovider.ReservedCapacityLabels.Insert(v1beta1.LabelReservationID)
+}
 
 // Class is the computed view of one host class.
 type Class struct {
@@ -123,12 +137,25 @@ func New(c Class, nc *v1beta1.SSHNodeClass) (*cloudprovider.InstanceType, error)
 			scheduling.NewRequirement(corev1.LabelArchStable, corev1.NodeSelectorOpIn, c.Arch),
 			scheduling.NewRequirement(corev1.LabelOSStable, corev1.NodeSelectorOpIn, string(corev1.Linux)),
 			scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, Zone),
-			scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, CapacityType),
+			scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, CapacityTypes...),
 		),
 		Offerings: cloudprovider.Offerings{{
 			Requirements: scheduling.NewRequirements(
 				scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, Zone),
-				scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, CapacityType),
+				scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, karpv1.CapacityTypeReserved),
+				scheduling.NewRequirement(v1beta1.LabelReservationID, corev1.NodeSelectorOpIn, v1beta1.ReservationID(nc.Name, c.Name)),
+			),
+			Price: price,
+			// A full reservation stays available (Karpenter's sense: healthy)
+			// with no capacity: a node holding a slot of it is what
+			// terminate-first replaces.
+			Available:           true,
+			ReservationCapacity: c.Free,
+		}, {
+			Requirements: scheduling.NewRequirements(
+				scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, Zone),
+				scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, karpv1.CapacityTypeOnDemand),
+				scheduling.NewRequirement(v1beta1.LabelReservationID, corev1.NodeSelectorOpDoesNotExist),
 			),
 			Price: price,
 			// An exhausted class stays advertised, marked unavailable: dropping
@@ -138,6 +165,56 @@ func New(c Class, nc *v1beta1.SSHNodeClass) (*cloudprovider.InstanceType, error)
 		Capacity: capacity,
 		Overhead: &cloudprovider.InstanceTypeOverhead{KubeReserved: reserved},
 	}, nil
+}
+
+// ForNodePool adjusts its, fresh from New, to the NodePool they are offered
+// to: a NodePool that may launch into the hosts' reservation gets no
+// on-demand. Karpenter takes on-demand capacity as unlimited, so it would
+// count the reservation's free hosts again: a batch, or a drift replacement
+// beside pods still pending, would create more NodeClaims than there are
+// free hosts (each failing InsufficientCapacity, a replace-first command
+// aborted with it). The offering stays listed, unavailable, so that nodes
+// the NodePool launched on-demand before are not drifted (Karpenter's
+// InstanceTypeNotFound).
+func ForNodePool(its []*cloudprovider.InstanceType, np *karpv1.NodePool) {
+	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(np.Spec.Template.Spec.Requirements...)
+	if !reqs.Get(karpv1.CapacityTypeLabelKey).Has(karpv1.CapacityTypeReserved) {
+		return
+	}
+	for _, it := range its {
+		for _, o := range it.Offerings {
+			if o.CapacityType() == karpv1.CapacityTypeOnDemand {
+				o.Available = false
+			}
+		}
+	}
+}
+
+// Launched is it as a node of it launches for a NodeClaim of requirements
+// reqs: a copy whose requirements pin the offering taken, so its
+// single-valued ones are the node's labels. The reservation when reqs name
+// it (Karpenter reserved a slot of it for the NodeClaim) or when on-demand
+// is not allowed; else on-demand. It is nil when no offering fits reqs.
+func Launched(it *cloudprovider.InstanceType, reqs scheduling.Requirements) *cloudprovider.InstanceType {
+	var reserved, onDemand *cloudprovider.Offering
+	for _, o := range it.Offerings.Compatible(reqs) {
+		switch o.CapacityType() {
+		case karpv1.CapacityTypeReserved:
+			reserved = o
+		case karpv1.CapacityTypeOnDemand:
+			onDemand = o
+		}
+	}
+	take := onDemand
+	if reserved != nil && (onDemand == nil || reqs.Has(v1beta1.LabelReservationID)) {
+		take = reserved
+	}
+	if take == nil {
+		return nil
+	}
+	out := it.DeepCopy()
+	out.Requirements.Add(take.Requirements.Values()...)
+	return out
 }
 
 // DefaultPods is a node's pods capacity when neither the node class

@@ -28,7 +28,7 @@ type Provider interface {
 // FallbackScript is what leave runs on a host that carries no install marker
 // (a Node matched it, so it is ours, but we do not know its profile): the
 // minimal warm-pool invariant of the seed's contract.
-const FallbackScript = "systemctl disable --now kubelet containerd 2>/dev/null || systemctl disable --now kubelet\n"
+const FallbackScript = engine.FallbackLeaveScript
 
 // NewScript returns the script-over-SSH Provider.
 func NewScript(c client.Reader) Provider { return &script{c: c} }

@@ -43,11 +43,11 @@ func (r *Runner) check(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJo
 		if _, ok := profile.Source(p, engine.PhaseCheck); !ok {
 			return Drift{Result: v1beta1.DriftUnsupported, Message: fmt.Sprintf("join profile %s is a scripts profile without scripts.check: its hosts cannot be checked for drift", p.Name)}
 		}
-		return scriptDrift(r.run(ctx, h, p, engine.PhaseCheck, c, redact, nil, false))
+		return scriptDrift(r.run(ctx, h, engine.PhaseCheck, profileRequest(h, p, engine.PhaseCheck, c, redact), nil, false))
 	}
 	var out Drift
 	for _, ph := range []engine.Phase{engine.PhaseInstall, engine.PhaseJoin} {
-		res := r.run(ctx, h, p, ph, c, redact, nil, true)
+		res := r.run(ctx, h, ph, profileRequest(h, p, ph, c, redact), nil, true)
 		if res.Outcome != engine.Succeeded {
 			return inconclusive(ph, res)
 		}

@@ -92,6 +92,9 @@ func Connection(h *v1beta1.SSHHost, creds hostkey.Credentials, keyLine string) e
 // here in Go, so that a missing or untrusted one is an error before anything
 // connects.
 func Request(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, conn engine.Connection, c engine.Context, redact []string) (engine.Request, error) {
+	if p == nil {
+		return engine.Request{}, fmt.Errorf("no join profile for %s", ph)
+	}
 	var src engine.Source
 	if h.Spec.ExecMode == v1beta1.ExecModeVerified {
 		var err error
@@ -110,18 +113,49 @@ func Request(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, con
 	return engine.Request{Phase: ph, Conn: conn, Source: src, Context: c, Timeout: profile.Timeout(p, ph), Redact: redact}, nil
 }
 
+// FallbackLeaveProfile names the fallback leave in metrics and messages.
+const FallbackLeaveProfile = "kpssh-fallback-leave"
+
+// FallbackLeaveRequest is the leave of a host with no profile leave to run:
+// engine.FallbackLeaveScript on a Raw host; on a Verified host the leave its
+// provisioning installed, run by the shim (the controller holds no signed
+// script for it, and sends none).
+func FallbackLeaveRequest(h *v1beta1.SSHHost, conn engine.Connection, c engine.Context) engine.Request {
+	src := engine.Source{Script: engine.FallbackLeaveScript}
+	if h.Spec.ExecMode == v1beta1.ExecModeVerified {
+		src = engine.Source{Verified: &engine.Verified{ProvisionedLeave: true, ShimCommand: h.Spec.ShimCommand}}
+	}
+	return engine.Request{Phase: engine.PhaseLeave, Conn: conn, Source: src, Context: c, Timeout: profile.DefaultLeaveTimeout}
+}
+
 // Run runs phase ph of profile p on host h. It never returns an error: every
 // failure is an Outcome (ConfigError when nothing reached the host).
 func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) Outcome {
+	return r.runPhase(ctx, h, ph, profileName(p), profileRequest(h, p, ph, c, redact))
+}
+
+// profileRequest builds phase ph of profile p (Request).
+func profileRequest(h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string) requestFunc {
+	return func(conn engine.Connection) (engine.Request, error) { return Request(h, p, ph, conn, c, redact) }
+}
+
+// RunFallbackLeave runs FallbackLeaveRequest on host h, like Run.
+func (r *Runner) RunFallbackLeave(ctx context.Context, h *v1beta1.SSHHost, c engine.Context) Outcome {
+	return r.runPhase(ctx, h, engine.PhaseLeave, FallbackLeaveProfile, func(conn engine.Connection) (engine.Request, error) {
+		return FallbackLeaveRequest(h, conn, c), nil
+	})
+}
+
+func (r *Runner) runPhase(ctx context.Context, h *v1beta1.SSHHost, ph engine.Phase, prof string, build requestFunc) Outcome {
 	start := r.Now()
 	pr := r.newProgress(ctx, h, ph, start)
-	res := r.run(ctx, h, p, ph, c, redact, pr.observe, false)
+	res := r.run(ctx, h, ph, build, pr.observe, false)
 	// Before the outcome goes back: the caller's lastPhase write is the last.
 	pr.stop()
 	if res.Duration == 0 {
 		res.Duration = r.Now().Sub(start)
 	}
-	PhaseDuration.WithLabelValues(string(ph), string(res.Outcome), profileName(p)).Observe(res.Duration.Seconds())
+	PhaseDuration.WithLabelValues(string(ph), string(res.Outcome), prof).Observe(res.Duration.Seconds())
 	o := Outcome{Result: res, LastPhase: Record(ph, res, start)}
 	if o.ShimRefused() {
 		ShimRejections.WithLabelValues(string(ph), v1beta1.ShimRejectionReason(int32(res.RC))).Inc()
@@ -132,12 +166,13 @@ func (r *Runner) Run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 	return o
 }
 
+// requestFunc builds a phase's engine request for a connection (no host
+// key yet); an error is a config error.
+type requestFunc func(conn engine.Connection) (engine.Request, error)
+
 // run runs one phase (progress, when set, sees its tasks); check: in check
 // mode, as a fresh run (no run key).
-func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoinProfile, ph engine.Phase, c engine.Context, redact []string, progress func(engine.TaskProgress), check bool) engine.Result {
-	if p == nil {
-		return configResult(fmt.Errorf("no join profile for %s", ph))
-	}
+func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, ph engine.Phase, build requestFunc, progress func(engine.TaskProgress), check bool) engine.Result {
 	creds, err := r.Keys.Get(ctx, h)
 	if err != nil {
 		return configResult(err)
@@ -147,14 +182,14 @@ func (r *Runner) run(ctx context.Context, h *v1beta1.SSHHost, p *v1beta1.SSHJoin
 		return configResult(fmt.Errorf("host %s has no pinned host key yet (not probed)", h.Name))
 	}
 	// Built before the host-key fetch, which dials.
-	req, err := Request(h, p, ph, Connection(h, creds, ""), c, redact)
+	req, err := build(Connection(h, creds, ""))
 	if err != nil {
 		return configResult(err)
 	}
 	line, err := r.HostKey(ctx, req.Conn, creds.PinnedFingerprint)
 	if err != nil {
 		// Not reached: the dial or the host-key check failed. A host problem.
-		return engine.Result{Outcome: engine.Failed, ExitCode: -1, Message: engine.NewRedactor(redact...).Redact("connect: " + err.Error())}
+		return engine.Result{Outcome: engine.Failed, ExitCode: -1, Message: engine.NewRedactor(req.Redact...).Redact("connect: " + err.Error())}
 	}
 	req.Conn.HostKey = line
 	req.Check = check

@@ -89,3 +89,32 @@ func TestVerifiedHostGetsVerifiedSource(t *testing.T) {
 		t.Fatal("a host's refusal is not host side")
 	}
 }
+
+// TestRunFallbackLeave: a host with no profile leave to run gets
+// engine.FallbackLeaveScript on Raw, and on Verified the host's provisioned
+// leave through the shim — no script, no signature, only the host's shim
+// command — with the default leave timeout and a run key like any phase.
+func TestRunFallbackLeave(t *testing.T) {
+	for _, verified := range []bool{false, true} {
+		e := &fakeEngine{res: engine.Result{Outcome: engine.Succeeded}}
+		r, _ := runner(t, e, nil)
+		h := host("SHA256:x")
+		if verified {
+			h.Spec.ExecMode, h.Spec.ShimCommand = v1beta1.ExecModeVerified, "sudo -n /opt/kpssh-shim"
+		}
+		out := r.RunFallbackLeave(context.Background(), h, engine.Context{HostAddress: "10.0.0.1"})
+		if !out.OK() || e.n != 1 || out.LastPhase.Phase != v1beta1.PhaseLeave {
+			t.Fatalf("verified %v: %s, engine runs %d, last phase %+v", verified, out.Outcome, e.n, out.LastPhase)
+		}
+		src := e.req.Source
+		switch {
+		case e.req.Phase != engine.PhaseLeave || e.req.Timeout != 3*time.Minute || e.req.Context.HostAddress != "10.0.0.1":
+			t.Fatalf("verified %v: request %+v", verified, e.req)
+		case !verified && (src.Verified != nil || src.Script != engine.FallbackLeaveScript):
+			t.Fatalf("Raw host: source %+v, want the fallback script", src)
+		case verified && (src.Verified == nil || !src.Verified.ProvisionedLeave || src.Script != "" || src.Verified.Signature != "" ||
+			src.Verified.ShimCommand != "sudo -n /opt/kpssh-shim"):
+			t.Fatalf("Verified host: source %+v %+v, want the provisioned leave", src, src.Verified)
+		}
+	}
+}

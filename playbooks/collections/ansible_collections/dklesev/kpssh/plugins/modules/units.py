@@ -7,8 +7,11 @@ DOCUMENTATION = r'''
 module: units
 short_description: Enable, start, restart or stop several systemd units in one round trip, and wait for them
 description:
-  - Converges every unit of I(units), in order, after a C(systemctl
-    daemon-reload) when I(daemon_reload) is true. One module run instead of
+  - Converges every unit of I(units) after a C(systemctl daemon-reload)
+    when I(daemon_reload) is true: the units to enable in one C(systemctl
+    enable) (one reload of systemd, not one per unit), those to disable in
+    one C(systemctl disable), then each unit's state in order (C(systemctl
+    start) waits for the unit to be up). One module run instead of
     one C(ansible.builtin.systemd) task per unit (each is a Python start on
     the host) and a C(command) polling C(systemctl is-active).
   - With I(wait_active) > 0, waits up to that many seconds for every unit
@@ -72,6 +75,9 @@ active:
 
 import time
 
+# UnitFileStates that need no enable (as ansible.builtin.systemd_service treats them).
+ENABLED_STATES = ('enabled', 'enabled-runtime', 'static', 'alias', 'indirect', 'generated', 'transient')
+
 from ansible.module_utils.basic import AnsibleModule
 
 
@@ -129,13 +135,15 @@ def main():
     check = module.check_mode
     actions = []
 
-    def run(verb, name):
-        actions.append('%s %s' % (verb, name))
+    def run_all(verb, these):
+        if not these:
+            return
+        actions.extend('%s %s' % (verb, n) for n in these)
         if check:
             return
-        rc, out, err = module.run_command([systemctl, verb, '--', name])
+        rc, out, err = module.run_command([systemctl, verb, '--'] + these)
         if rc != 0:
-            module.fail_json(msg='units: systemctl %s %s: %s' % (verb, name, (err.strip() or out.strip() or 'exit %d' % rc)),
+            module.fail_json(msg='units: systemctl %s %s: %s' % (verb, ' '.join(these), (err.strip() or out.strip() or 'exit %d' % rc)),
                              actions=actions, active=_is_active(module, systemctl, names))
 
     if module.params['daemon_reload']:
@@ -147,21 +155,24 @@ def main():
 
     props = _props(module, systemctl, names)
     for u in units:
-        name, p = u['name'], props[u['name']]
-        if p.get('LoadState') == 'not-found' and (u['enabled'] or u['state'] in ('started', 'restarted')):
-            module.fail_json(msg='units: %s: unit not found' % name, actions=actions)
-        ufs = p.get('UnitFileState', '')
-        if u['enabled'] is True and ufs not in ('enabled', 'enabled-runtime', 'static', 'alias', 'indirect', 'generated', 'transient'):
-            run('enable', name)
-        elif u['enabled'] is False and ufs in ('enabled', 'enabled-runtime'):
-            run('disable', name)
-        active = p.get('ActiveState') in ('active', 'activating', 'reloading')
+        if props[u['name']].get('LoadState') == 'not-found' and (u['enabled'] or u['state'] in ('started', 'restarted')):
+            module.fail_json(msg='units: %s: unit not found' % u['name'], actions=actions)
+    # Every enable in one systemctl call, every disable in another: each
+    # call reloads systemd once (≈ 0.3 s on a small host), not once per unit.
+    ufs = dict((n, props[n].get('UnitFileState', '')) for n in names)
+    run_all('enable', [u['name'] for u in units if u['enabled'] is True and ufs[u['name']] not in ENABLED_STATES])
+    run_all('disable', [u['name'] for u in units if u['enabled'] is False and ufs[u['name']] in ('enabled', 'enabled-runtime')])
+    # States one unit at a time, in order: systemctl start waits for the
+    # unit to be up, so a unit is started after those before it are.
+    for u in units:
+        name = u['name']
+        active = props[name].get('ActiveState') in ('active', 'activating', 'reloading')
         if u['state'] == 'started' and not active:
-            run('start', name)
+            run_all('start', [name])
         elif u['state'] == 'restarted':
-            run('restart', name)
+            run_all('restart', [name])
         elif u['state'] == 'stopped' and active:
-            run('stop', name)
+            run_all('stop', [name])
 
     waited = [u['name'] for u in units if u['state'] in ('started', 'restarted')]
     active = _is_active(module, systemctl, names)
