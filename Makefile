@@ -159,7 +159,7 @@ test-hosts: deps rootfs
 ## bench: every benchmark, each printing its figure and its same-run baseline;
 ## then the e2e join timelines (test/e2e/bench_test.go: one world, its own runs, so 1x)
 bench: deps k8s-bins rootfs
-	$(RUNNER_PATH) KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) go test -run '^$$' -bench . -benchtime 3x -timeout 30m ./...
+	$(RUNNER_PATH) KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) go test -run '^$$' -bench . -benchtime 3x -timeout 60m ./...
 	$(RUNNER_PATH) go test -tags e2e -run '^$$' -bench JoinTimeline -benchtime 1x -timeout 60m ./test/e2e/
 
 ## demo: local control plane + hosts + controller + a workload scaling up and down

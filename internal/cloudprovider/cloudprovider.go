@@ -140,7 +140,9 @@ func (c *CloudProvider) classHosts(ctx context.Context, nc *v1beta1.SSHNodeClass
 		}
 		sel = s
 	}
-	list := c.Pool.Hosts
+	// The cache's hosts uncopied: below only a host's own State changes
+	// (ClaimOne copies a candidate before it writes).
+	list := c.Pool.View
 	if live {
 		list = c.Pool.LiveHosts
 	}
@@ -262,17 +264,32 @@ func (c *CloudProvider) List(ctx context.Context) ([]*karpv1.NodeClaim, error) {
 	return out, nil
 }
 
+// hostByProviderID finds the claimed host that recorded providerID. A
+// Static providerID names its host: one cached read, as Karpenter asks per
+// NodeClaim (drift, registration). Any other (Adopt: the kubelet's own) or
+// a named host that does not hold it: the pool is searched, uncopied.
 func (c *CloudProvider) hostByProviderID(ctx context.Context, providerID string) (*v1beta1.SSHHost, error) {
 	if providerID == "" {
 		return nil, nil
 	}
-	hosts, err := c.Pool.Hosts(ctx, nil)
+	holds := func(h *v1beta1.SSHHost) bool { return h.Status.ClaimRef != nil && h.Status.ProviderID == providerID }
+	if ns, name, err := ParseProviderID(providerID); err == nil && ns == c.Pool.Namespace {
+		h := &v1beta1.SSHHost{}
+		err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, h)
+		if err == nil && holds(h) {
+			return h, nil
+		}
+		if client.IgnoreNotFound(err) != nil {
+			return nil, err
+		}
+	}
+	hosts, err := c.Pool.View(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
 	for i := range hosts {
-		if h := &hosts[i]; h.Status.ClaimRef != nil && h.Status.ProviderID == providerID {
-			return h, nil
+		if h := &hosts[i]; holds(h) {
+			return h.DeepCopy(), nil
 		}
 	}
 	return nil, nil

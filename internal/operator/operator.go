@@ -11,15 +11,20 @@ import (
 
 	opcontroller "github.com/awslabs/operatorpkg/controller"
 	"github.com/samber/lo"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider/overlay"
 	corecontrollers "sigs.k8s.io/karpenter/pkg/controllers"
 	"sigs.k8s.io/karpenter/pkg/controllers/node/health"
 	"sigs.k8s.io/karpenter/pkg/controllers/state"
 	coreoperator "sigs.k8s.io/karpenter/pkg/operator"
 
+	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/cloudprovider"
 	"github.com/dklesev/kpssh/internal/controllers/host"
 	"github.com/dklesev/kpssh/internal/controllers/host/drift"
@@ -74,6 +79,9 @@ func New(ctx context.Context, op *coreoperator.Operator, engineOpts ...func(*eng
 	eng, err := engine.New(eo)
 	if err != nil {
 		return nil, fmt.Errorf("phase engine: %w", err)
+	}
+	if err := StripManagedFields(ctx, op.GetCache()); err != nil {
+		return nil, err
 	}
 	kube := op.GetClient()
 	// Secrets and ConfigMaps are read live, never through the cache: a
@@ -163,3 +171,36 @@ func executor(o *options.Options, op *coreoperator.Operator) (engine.Engine, err
 type registerFunc func(context.Context, manager.Manager) error
 
 func (f registerFunc) Register(ctx context.Context, m manager.Manager) error { return f(ctx, m) }
+
+// cachedKinds are the kinds whose informers Karpenter core and kpssh start
+// (each is watched by a controller of either).
+var cachedKinds = []client.Object{
+	&v1beta1.SSHHost{}, &v1beta1.SSHNodeClass{}, &v1beta1.SSHJoinProfile{},
+	&karpv1.NodeClaim{}, &karpv1.NodePool{}, &corev1.Node{}, &corev1.Pod{}, &appsv1.DaemonSet{},
+}
+
+// StripManagedFields drops metadata.managedFields from every object the
+// informer caches of cachedKinds keep. Nothing here or in Karpenter core
+// reads them, writes are patches computed between two cached copies or
+// updates (which keep the server's managedFields), and they are a large
+// part of each cached object and of every copy out of the cache. Karpenter
+// core builds the manager, so its cache options cannot carry a
+// DefaultTransform; the informers take one before the manager starts them.
+func StripManagedFields(ctx context.Context, c cache.Cache) error {
+	for _, o := range cachedKinds {
+		inf, err := c.GetInformer(ctx, o)
+		if err != nil {
+			return fmt.Errorf("informer of %T: %w", o, err)
+		}
+		t, ok := inf.(interface {
+			SetTransform(toolscache.TransformFunc) error
+		})
+		if !ok {
+			return fmt.Errorf("informer of %T (%T) takes no transform", o, inf)
+		}
+		if err := t.SetTransform(cache.TransformStripManagedFields()); err != nil {
+			return fmt.Errorf("informer of %T: %w", o, err)
+		}
+	}
+	return nil
+}

@@ -22,7 +22,6 @@ import (
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/probe"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
-	"github.com/dklesev/kpssh/internal/providers/pool"
 	"github.com/dklesev/kpssh/internal/providers/token"
 	"github.com/dklesev/kpssh/internal/sshx"
 	"github.com/dklesev/kpssh/internal/sshx/sshtest"
@@ -131,8 +130,7 @@ func sweepController(b *testing.B, srv *sshtest.Server) (*Controller, []string) 
 	// apiserver's own cost runs on another machine and is not the
 	// controller's. Reads go through the fake, like informer-cache reads.
 	written := &sync.Map{}
-	c := fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1beta1.SSHHost{}).WithObjects(objs...).
-		WithIndex(&v1beta1.SSHHost{}, pool.IndexMachine, pool.IndexMachineKeys).
+	c := withPoolIndexes(fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1beta1.SSHHost{}).WithObjects(objs...)).
 		WithInterceptorFuncs(interceptor.Funcs{SubResourcePatch: func(_ context.Context, _ client.Client, _ string, o client.Object, p client.Patch, _ ...client.SubResourcePatchOption) error {
 			if _, err := p.Data(o); err != nil {
 				return err

@@ -78,8 +78,8 @@ func New(c client.Client, rec events.Recorder, namespace string) *Controller {
 	}
 }
 
-// Register adds the controller to mgr, and the machine index
-// (pool.IndexMachine) to its cache. NodeClaim deletions wake the host
+// Register adds the controller to mgr, and the pool's host indexes
+// (pool.Index) to its cache. NodeClaim deletions wake the host
 // holding the claim so stale-claim repair does not wait for a probe interval;
 // Node registrations wake the host whose bootstrap token they make
 // collectable.
@@ -90,7 +90,7 @@ func (c *Controller) Register(mgr manager.Manager) error {
 			return err
 		}
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.SSHHost{}, pool.IndexMachine, pool.IndexMachineKeys); err != nil {
+	if err := pool.Index(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return err
 	}
 	return controllerruntime.NewControllerManagedBy(mgr).
@@ -109,14 +109,12 @@ func (c *Controller) Register(mgr manager.Manager) error {
 
 func (c *Controller) hostsOfClaim(ctx context.Context, o client.Object) []reconcile.Request {
 	list := &v1beta1.SSHHostList{}
-	if err := c.Client.List(ctx, list, client.InNamespace(c.Namespace)); err != nil {
+	if err := c.Client.List(ctx, list, client.InNamespace(c.Namespace), client.MatchingFields{pool.IndexClaim: o.GetName()}); err != nil {
 		return nil
 	}
 	var out []reconcile.Request
 	for _, h := range list.Items {
-		if h.Status.ClaimRef != nil && h.Status.ClaimRef.Name == o.GetName() {
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&h)})
-		}
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&h)})
 	}
 	return out
 }

@@ -143,6 +143,14 @@ type world struct {
 	patches int
 }
 
+// withPoolIndexes adds the cache's SSHHost indexes (pool.Index) to a fake.
+func withPoolIndexes(b *fake.ClientBuilder) *fake.ClientBuilder {
+	for name, keys := range pool.Indexes {
+		b = b.WithIndex(&v1beta1.SSHHost{}, name, keys)
+	}
+	return b
+}
+
 func newWorld(t *testing.T, funcs *interceptor.Funcs, objs ...client.Object) *world {
 	t.Helper()
 	w := &world{clock: clocktesting.NewFakeClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)),
@@ -159,8 +167,7 @@ func newWorld(t *testing.T, funcs *interceptor.Funcs, objs ...client.Object) *wo
 		}
 		return c.SubResource(sub).Patch(ctx, o, p, opts...)
 	}
-	w.c = fake.NewClientBuilder().WithScheme(scheme.Scheme).WithStatusSubresource(&v1beta1.SSHHost{}).
-		WithIndex(&v1beta1.SSHHost{}, pool.IndexMachine, pool.IndexMachineKeys).
+	w.c = withPoolIndexes(fake.NewClientBuilder().WithScheme(scheme.Scheme).WithStatusSubresource(&v1beta1.SSHHost{})).
 		WithObjects(append([]client.Object{keySecret("")}, objs...)...).WithInterceptorFuncs(f).Build()
 	w.ctrl = &Controller{Client: w.c, Recorder: w.rec, Clock: w.clock, Keys: hostkey.New(w.c), Leaver: w.leaver,
 		Tokens: token.New(w.c), Prober: w.prober.probe, Namespace: ns, Interval: 2 * time.Minute, Timeout: 30 * time.Second}

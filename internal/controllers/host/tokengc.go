@@ -19,6 +19,7 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/providers/leave"
+	"github.com/dklesev/kpssh/internal/providers/pool"
 	"github.com/dklesev/kpssh/internal/providers/token"
 )
 
@@ -136,14 +137,14 @@ func (c *Controller) hostsOfNode(ctx context.Context, o client.Object) []reconci
 		return nil
 	}
 	list := &v1beta1.SSHHostList{}
-	if err := c.Client.List(ctx, list, client.InNamespace(c.Namespace)); err != nil {
+	if err := c.Client.List(ctx, list, client.InNamespace(c.Namespace), client.MatchingFields{pool.IndexToken: "held"}); err != nil {
 		log.FromContext(ctx).Error(err, "list hosts for a Node event", "Node", klog.KObj(n))
 		return nil
 	}
 	var out []reconcile.Request
 	for i := range list.Items {
 		// Any claim time: the reconcile checks the one of the host's claim.
-		if h := &list.Items[i]; h.Status.BootstrapTokenID != "" && leave.Tied(h, n, time.Time{}) {
+		if h := &list.Items[i]; leave.Tied(h, n, time.Time{}) {
 			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(h)})
 		}
 	}

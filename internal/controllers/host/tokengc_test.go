@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -360,6 +361,43 @@ func TestHostsOfNode(t *testing.T) {
 				got = append(got, r.Name)
 			}
 			if len(got) != len(tc.want) || (len(got) > 0 && got[0] != tc.want[0]) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestHostsOfClaim: a NodeClaim event wakes the pool's host holding that
+// claim (by the cache's claim index), no other.
+func TestHostsOfClaim(t *testing.T) {
+	claimedBy := func(name string) func(*v1beta1.SSHHost) {
+		return func(h *v1beta1.SSHHost) {
+			h.Status.ClaimRef = &v1beta1.ClaimRef{Name: name, UID: "u-" + types.UID(name)}
+		}
+	}
+	w := newWorld(t, nil,
+		newHost("a", claimedBy("x")),
+		newHost("b", claimedBy("y")),
+		newHost("c"),
+		newHost("d", claimedBy("x"), func(h *v1beta1.SSHHost) { h.Namespace = "elsewhere" }),
+	)
+	for _, tc := range []struct {
+		claim string
+		want  []string
+	}{
+		{"x", []string{"a"}},
+		{"y", []string{"b"}},
+		{"z", nil},
+	} {
+		t.Run(tc.claim, func(t *testing.T) {
+			var got []string
+			for _, r := range w.ctrl.hostsOfClaim(context.Background(), &karpv1.NodeClaim{ObjectMeta: metav1.ObjectMeta{Name: tc.claim}}) {
+				if r.Namespace != ns {
+					t.Fatalf("request outside the pool: %v", r)
+				}
+				got = append(got, r.Name)
+			}
+			if !slices.Equal(got, tc.want) {
 				t.Fatalf("got %v, want %v", got, tc.want)
 			}
 		})

@@ -14,6 +14,7 @@ import (
 	controllerruntime "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -66,7 +67,9 @@ func New(c client.Client, validator profile.RoleValidator, poolNamespace string,
 // Register adds the controller to mgr. Profiles wake the classes that
 // reference them, pool hosts wake every class (a selector match is cheaper to
 // recompute than to index; only creations, deletions and label changes
-// matter), and NodeClaims wake the class they reference (the finalizer).
+// matter), and NodeClaims wake the class they reference when they are gone
+// (the finalizer waits for that; their other events would re-run the whole
+// check — hundreds a minute while Karpenter works on many claims).
 func (c *Controller) Register(_ context.Context, mgr manager.Manager) error {
 	if c.Recorder == nil {
 		c.Recorder = events.NewRecorder(mgr.GetEventRecorderFor("kpssh")) //nolint:staticcheck // Karpenter's recorder takes the old events API
@@ -77,7 +80,7 @@ func (c *Controller) Register(_ context.Context, mgr manager.Manager) error {
 		Watches(&v1beta1.SSHJoinProfile{}, handler.EnqueueRequestsFromMapFunc(c.classesOfProfile)).
 		Watches(&v1beta1.SSHHost{}, handler.EnqueueRequestsFromMapFunc(c.classesOfHost),
 			builder.WithPredicates(predicate.LabelChangedPredicate{})).
-		Watches(&karpv1.NodeClaim{}, handler.EnqueueRequestsFromMapFunc(classOfClaim)).
+		Watches(&karpv1.NodeClaim{}, handler.EnqueueRequestsFromMapFunc(classOfClaim), builder.WithPredicates(claimGone())).
 		Complete(c)
 }
 
@@ -105,6 +108,16 @@ func (c *Controller) classes(ctx context.Context, match func(*v1beta1.SSHNodeCla
 		}
 	}
 	return out
+}
+
+// claimGone passes NodeClaim deletions only.
+func claimGone() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		UpdateFunc:  func(event.UpdateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return true },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 }
 
 func classOfClaim(_ context.Context, o client.Object) []reconcile.Request {

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/events"
@@ -584,6 +585,27 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// TestClaimGonePredicate: of a NodeClaim's events only its deletion wakes
+// the class it references (the finalizer waits for it).
+func TestClaimGonePredicate(t *testing.T) {
+	p := claimGone()
+	nc := &karpv1.NodeClaim{}
+	for _, tc := range []struct {
+		name string
+		got  bool
+		want bool
+	}{
+		{"create", p.Create(event.CreateEvent{Object: nc}), false},
+		{"update", p.Update(event.UpdateEvent{ObjectOld: nc, ObjectNew: nc}), false},
+		{"generic", p.Generic(event.GenericEvent{Object: nc}), false},
+		{"delete", p.Delete(event.DeleteEvent{Object: nc}), true},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
 }
 
 // signedProfile is a template-free script profile whose phases carry v2

@@ -82,15 +82,26 @@ func (p *Pool) Hosts(ctx context.Context, sel labels.Selector) ([]v1beta1.SSHHos
 	return p.list(ctx, p.Client, sel)
 }
 
+// View is Hosts without the copy: the hosts share their maps, slices and
+// pointers with the informer cache, so a caller may change only a host's
+// own value fields (its Status.State) and must DeepCopy one before anything
+// else. Reading the pool this way costs one slice, not a deep copy of every
+// host per call: at 5,000 hosts the copies of Karpenter's per-NodeClaim
+// drift checks and of concurrent Creates were most of the controller's
+// garbage and CPU (docs/performance.md, "Memory").
+func (p *Pool) View(ctx context.Context, sel labels.Selector) ([]v1beta1.SSHHost, error) {
+	return p.list(ctx, p.Client, sel, client.UnsafeDisableDeepCopy)
+}
+
 // LiveHosts is Hosts read from the API server: for a decision the cache may
 // be behind on (a host released a moment ago).
 func (p *Pool) LiveHosts(ctx context.Context, sel labels.Selector) ([]v1beta1.SSHHost, error) {
 	return p.list(ctx, p.Live, sel)
 }
 
-func (p *Pool) list(ctx context.Context, r client.Reader, sel labels.Selector) ([]v1beta1.SSHHost, error) {
+func (p *Pool) list(ctx context.Context, r client.Reader, sel labels.Selector, more ...client.ListOption) ([]v1beta1.SSHHost, error) {
 	list := &v1beta1.SSHHostList{}
-	opts := []client.ListOption{client.InNamespace(p.Namespace)}
+	opts := append([]client.ListOption{client.InNamespace(p.Namespace)}, more...)
 	if sel != nil {
 		opts = append(opts, client.MatchingLabelsSelector{Selector: sel})
 	}
@@ -253,20 +264,6 @@ func (p *Pool) reserve(h *v1beta1.SSHHost) bool {
 		// reservation is spent; drop it unless someone replaced it meanwhile.
 		p.reserved.CompareAndDelete(h.Name, prev)
 	}
-}
-
-// ByClaim finds the host holding c (name and UID), or nil.
-func (p *Pool) ByClaim(ctx context.Context, c Claim) (*v1beta1.SSHHost, error) {
-	hosts, err := p.Hosts(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	for i := range hosts {
-		if c.Holds(&hosts[i]) {
-			return &hosts[i], nil
-		}
-	}
-	return nil, nil
 }
 
 // Update applies mutate to the host while c still holds it, retrying on
