@@ -296,4 +296,3 @@ func (w *world) staticJoined(claims []karpv1.NodeClaim, n int) (bool, string) {
 	}
 	return true, ""
 }
-
