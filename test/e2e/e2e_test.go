@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,16 +30,21 @@ type state struct {
 	host string // the host ScaleUp joined
 }
 
-// TestE2E runs the scenarios in order in one world: each starts from the
-// state the previous one left (all hosts Available, nothing joined), so a
-// failure stops the rest.
+// scenario is one step of a world's sequence.
+type scenario struct {
+	name string
+	run  func(*world, *state)
+}
+
+// TestE2E and TestE2ERoles each run their scenarios in order in a world of
+// their own, side by side (t.Parallel: most of a scenario is waiting on
+// Karpenter's and the kubelets' clocks, and one sequence of all of them
+// outgrew the package's timeout). Within a world each scenario starts from
+// the state the previous one left (all hosts Available, nothing joined), so
+// a failure stops the rest of that world's sequence.
 func TestE2E(t *testing.T) {
-	w := newWorld(t)
-	st := &state{}
-	scenarios := []struct {
-		name string
-		run  func(*world, *state)
-	}{
+	t.Parallel()
+	runWorld(t, []scenario{
 		{"ScaleUp", scaleUp},
 		{"RebootInPlace", rebootInPlace}, // rebootinplace_test.go
 		{"Consolidation", consolidation},
@@ -50,15 +56,33 @@ func TestE2E(t *testing.T) {
 		{"FullPool", fullPool},     // pools_test.go
 		{"StaticPool", staticPool}, // pools_test.go
 		{"Verify", verifyGate},     // verify_test.go
-		{"HostDrift", hostDrift},   // hostdrift_test.go
 		{"CrashResume", crashResume},
+		{"Metrics", metrics}, // last: reads what the others left in Prometheus
+	})
+}
+
+// TestE2ERoles: the scenarios of the role path, the Job executor and
+// content, in a second world.
+func TestE2ERoles(t *testing.T) {
+	t.Parallel()
+	runWorld(t, []scenario{
+		{"HostDrift", hostDrift}, // hostdrift_test.go
 		{"RoleProfile", roleProfile},
 		{"Releases", releases},
 		{"Verified", verified},
 		{"JobExec", jobExec},         // jobexec_test.go
 		{"ContentRole", contentRole}, // content_test.go
-		{"Metrics", metrics},         // last: reads what the others left in Prometheus
+	})
+}
+
+// runWorld brings a world up (only when one of its scenarios is selected)
+// and runs the scenarios in order.
+func runWorld(t *testing.T, scenarios []scenario) {
+	if !slices.ContainsFunc(scenarios, func(sc scenario) bool { return selected(sc.name) }) {
+		t.Skip("no scenario of this world selected by KPSSH_E2E_ONLY")
 	}
+	w := newWorld(t)
+	st := &state{}
 	failed := ""
 	for _, sc := range scenarios {
 		if !selected(sc.name) {
