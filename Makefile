@@ -124,7 +124,7 @@ TEST_FIRST = ./test/e2e ./internal/engine ./test/molecule ./internal/providers/p
 test: test-prereqs
 	$(RUNNER_PATH) KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) CONTROLLER_GEN=$(CONTROLLER_GEN) HELM=$$(hack/helm.sh) \
 	  KPSSH_ENGINE_SOAK_RUNS=$${KPSSH_ENGINE_SOAK_RUNS:-100} \
-	  go test $(GO_TEST_FLAGS) -tags e2e -timeout 45m $(TEST_FIRST) ./...
+	  go test $(GO_TEST_FLAGS) -tags e2e -timeout 60m $(TEST_FIRST) ./...
 
 ## soak: the engine's full 1,000-run soak (zombies, orphans, leftover run dirs)
 soak: deps rootfs

@@ -23,9 +23,14 @@ import (
 // hostDriftInterval is the node class's spec.hostDrift.interval here.
 const hostDriftInterval = 15 * time.Second
 
+// untouchedChecks: the untouched host's in-sync checks before the edit —
+// three intervals, as issue 18 asks (each a check-mode install and join:
+// a minute or more under load).
+const untouchedChecks = 3
+
 // hostDrift: the node class checks its joined hosts every 15 s (the
 // shipped role profile: install and join in Ansible check mode). An
-// untouched joined host stays in sync over more than three intervals. Its
+// untouched joined host stays in sync over three intervals (checks). Its
 // kubelet configuration edited on the host, the next check reports
 // HostDrift (the task and the diff in the condition, an event, the
 // metric), Karpenter marks the NodeClaim Drifted (HostDrift) and replaces
@@ -49,7 +54,7 @@ func hostDrift(w *world, st *state) {
 	start := time.Now()
 	// (a check runs install and join in check mode: on a loaded machine it
 	// takes minutes, so the wait is counted in checks, with a wide bound)
-	w.eventually("4 checks of the untouched host, all in sync", 15*time.Minute, func() (bool, string) {
+	w.eventually(fmt.Sprintf("%d checks of the untouched host, all in sync", untouchedChecks), 15*time.Minute, func() (bool, string) {
 		h := w.sshHost(host.Name)
 		d := h.Status.HostDrift
 		if d == nil || d.ClaimUID != claim.UID {
@@ -58,17 +63,17 @@ func hostDrift(w *world, st *state) {
 		if d.LastResult != v1beta1.DriftInSync || h.HostDrifted() {
 			w.t.Fatalf("untouched host %s: check %d is %s: %s %s", host.Name, d.Checks, d.LastResult, d.Message, driftCondition(h))
 		}
-		return d.Checks >= 4, fmt.Sprintf("%d check(s) in sync", d.Checks)
+		return d.Checks >= untouchedChecks, fmt.Sprintf("%d check(s) in sync", d.Checks)
 	})
-	w.t.Logf("untouched: 4 checks in sync in %v", time.Since(start).Round(time.Second))
+	w.t.Logf("untouched: %d checks in sync in %v", untouchedChecks, time.Since(start).Round(time.Second))
 	if c := w.claim(claim.Name); c == nil || c.StatusConditions().Get(karpv1.ConditionTypeDrifted).IsTrue() || c.Annotations[v1beta1.AnnotationHostDrift] == "true" {
 		w.t.Fatalf("untouched host's NodeClaim: %+v", c)
 	}
 	if n := w.driftChecks(driftctl.OutcomeDrifted) - driftedBefore; n != 0 {
 		w.t.Fatalf("kpssh_host_drift_checks_total{outcome=drifted} rose by %v for an untouched host", n)
 	}
-	if n := w.driftChecks(driftctl.OutcomeInSync); n < 4 {
-		w.t.Errorf("kpssh_host_drift_checks_total{outcome=in_sync} = %v, want ≥ 4", n)
+	if n := w.driftChecks(driftctl.OutcomeInSync); n < untouchedChecks {
+		w.t.Errorf("kpssh_host_drift_checks_total{outcome=in_sync} = %v, want ≥ %d", n, untouchedChecks)
 	}
 
 	// 2. someone edits the kubelet configuration on the joined host
