@@ -10,7 +10,7 @@ CONTROLLER_GEN_VERSION := v0.21.0
 CONTROLLER_GEN := $(ROOT)/bin/tools/controller-gen-$(CONTROLLER_GEN_VERSION)/controller-gen
 GO_TEST_FLAGS ?= -count=1
 
-.PHONY: collection node-assets runner-bin test-prereqs all build bin soak generate chart-crds helm chart images verify-generate deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts test-cross molecule molecule-role bench demo demo-down e2e clean-world
+.PHONY: collection node-assets runner-bin test-prereqs all build bin soak generate chart-crds helm chart images deps k8s-bins rootfs runner-image controller-image test test-unit test-crd test-hosts test-cross molecule molecule-role bench demo demo-down e2e clean-world
 
 all: build
 
