@@ -117,10 +117,11 @@ node-assets:
 test-prereqs: deps
 	$(MAKE) --no-print-directory -j6 k8s-bins rootfs controller-image runner-bin node-assets helm $(CONTROLLER_GEN) >/dev/null
 
-## test: everything CI runs (the e2e scenarios, build tag e2e, run beside the
-## other packages). go test starts packages in the order given: the longest
-## first (TEST_FIRST), so the e2e does not wait behind the alphabet.
-TEST_FIRST = ./test/e2e ./internal/engine ./test/molecule ./internal/providers/pool ./test/hostenv
+## test: everything CI runs (the e2e scenarios and make demo's test, build tag
+## e2e, run beside the other packages). go test starts packages in the order
+## given: the longest first (TEST_FIRST), so the e2e does not wait behind the
+## alphabet.
+TEST_FIRST = ./test/e2e ./internal/engine ./test/demo ./test/molecule ./internal/providers/pool ./test/hostenv
 test: test-prereqs
 	$(RUNNER_PATH) KUBEBUILDER_ASSETS=$$(hack/k8s-bins.sh) CONTROLLER_GEN=$(CONTROLLER_GEN) HELM=$$(hack/helm.sh) \
 	  KPSSH_ENGINE_SOAK_RUNS=$${KPSSH_ENGINE_SOAK_RUNS:-100} \

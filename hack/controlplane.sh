@@ -91,10 +91,6 @@ stop_component() {
 	rm -f "$S/$c.pid"
 }
 
-free_port() {
-	/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
 # wait_for WHAT CMD...: retry CMD until it succeeds or WAIT seconds pass.
 wait_for() {
 	local what=$1 deadline=$((SECONDS + WAIT))

@@ -11,7 +11,7 @@
 #                        trixie); --releases gives hI release RI, hosts past
 #                        the end of the list get its last entry
 #   hosts.sh down        stop every host, remove bridge, cgroups, state (idempotent)
-#   hosts.sh reboot I    stop + start host I, keeping its disk (overlay upper dir)
+#   hosts.sh reboot I    stop + start host I, keeping its disk
 #   hosts.sh wipe I      stop host I, give it a fresh disk, new host key + machine-id, start
 #                        (a host keeps its release for life; reboot, stop/start too)
 #   hosts.sh cut I       take host I's link down        hosts.sh heal I   bring it back
@@ -26,11 +26,26 @@
 #   KPSSH_OWNER_PID  optional: pid owning the world (used by "gc")
 #   KPSSH_CACHE      rootfs cache dir (see hack/rootfs.sh)
 #   KPSSH_SSH_WAIT   seconds to wait for a host's sshd (default 120)
+#   KPSSH_HOST_DISK  size of every host's own disk (default 16G; sparse)
 #   KPSSH_MIRROR     optional, read by "up": a directory (hack/node-assets.sh)
 #                    every host of the world sees read-only at /srv/kpssh-mirror;
 #                    its images/*.tar are imported into containerd (k8s.io
 #                    namespace) whenever containerd starts on a host — the test
 #                    world's stand-in for a registry; nothing is pre-joined
+#
+# Every host has a disk of its own: an ext4 filesystem of KPSSH_HOST_DISK
+# (a sparse file on a loop device) holding its writable layer (the overlay's
+# upper dir over the image) and containerd's store. Its kubelet judges disk
+# pressure by it, as a fleet machine's does by its disk, not by what is left
+# on the machine running the world: a CI machine below 10 % free had every
+# kubelet evicting its pods.
+#
+# Every host is stock, like a fleet's: sshd serves rsa, ecdsa and ed25519
+# host keys (the inventory's hostKey/fingerprint and known_hosts: ed25519)
+# on port 22 and on 2222 (altPort); root logs in with the world's key, and
+# so does "admin" (altUser, passwordless sudo); /etc/hosts names every host
+# the world can have, h<i>.<tag>.kpssh.test (dnsName), the lines of the
+# world's hostsFile, which the machine's /etc/hosts never gets.
 #
 # Several worlds can exist at once: each has its own state dir
 # /run/kpssh-world/<world>/, bridge kpb-<tag>, 10.231.<k>.0/24 subnet (bridge
@@ -48,7 +63,12 @@ SUBNET_PREFIX=10.231
 HOST_OFFSET=10
 MAX_HOSTS=240
 DEFAULT_RELEASE=bookworm
+ALT_USER=admin # every host's second login (passwordless sudo) ...
+ALT_UID=1000
+ALT_PORT=2222 # ... and sshd's second port
 SSH_WAIT=${KPSSH_SSH_WAIT:-120}
+HOST_DISK=${KPSSH_HOST_DISK:-16G}
+[[ $HOST_DISK =~ ^[1-9][0-9]*[MG]$ ]] || die "invalid KPSSH_HOST_DISK '$HOST_DISK' (a size such as 16G or 4096M)"
 # Never inherit nspawn tuning knobs (USE_CGNS=0 breaks boot, UNIFIED_HIERARCHY=1 breaks pods).
 for v in "${!SYSTEMD_NSPAWN_@}"; do unset "$v"; done
 
@@ -68,6 +88,8 @@ veth_of() { echo "kpv$TAG$1"; } # machine-side end, a port of the bridge (≤15 
 mac_of() { printf '02:%s:%s:%s:%s:%02x\n' "${TAG:0:2}" "${TAG:2:2}" "${TAG:4:2}" "${TAG:6:2}" "$1"; }
 ip_of() { echo "$SUBNET_PREFIX.$SUBNET_K.$((HOST_OFFSET + $1))"; }
 hdir_of() { echo "$STATE/hosts/h$1"; }
+disk_of() { echo "$STATE/hosts/h$1/disk"; } # the host's own filesystem: upper/, work/, containerd/
+dns_of() { echo "h$1.$TAG.kpssh.test"; } # the host's name in the world's hosts file
 
 # cgroup_roots prints every cgroup hierarchy mount point (v1 controllers,
 # name=systemd and the unified v2 one).
@@ -89,6 +111,10 @@ preflight() {
 	need_cmd flock util-linux
 	need_cmd pgrep procps
 	need_cmd sha256sum coreutils
+	need_cmd mkfs.ext4 e2fsprogs
+	need_cmd mountpoint util-linux
+	[[ -e /dev/loop-control ]] || modprobe loop 2>/dev/null ||
+		die "kernel has no loop device support (every host's disk is a loop-mounted file)"
 	grep -qw overlay /proc/filesystems || modprobe overlay 2>/dev/null ||
 		die "kernel has no overlay filesystem support"
 	[[ -n $(cgroup_roots) ]] || die "no cgroup hierarchies mounted under /sys/fs/cgroup"
@@ -214,6 +240,17 @@ create_world() {
 	fi
 	chmod 0600 "$STATE/id_ed25519"
 	touch "$STATE/known_hosts"
+	# The world's names (every host it can have): in each host's /etc/hosts,
+	# and for whoever resolves them on the machine (e.g. a controller in a
+	# mount namespace of its own, this file bound over its /etc/hosts).
+	if [[ ! -f $STATE/etc-hosts ]]; then
+		local i
+		# (ip_of and dns_of inline: no fork per line)
+		for ((i = 1; i <= MAX_HOSTS; i++)); do
+			printf '%s.%s.%s\th%s.%s.kpssh.test\n' "$SUBNET_PREFIX" "$SUBNET_K" $((HOST_OFFSET + i)) "$i" "$TAG"
+		done >"$STATE/etc-hosts.tmp"
+		mv "$STATE/etc-hosts.tmp" "$STATE/etc-hosts"
+	fi
 
 	# Per-world cgroup in every hierarchy.
 	local root
@@ -344,40 +381,96 @@ launcher_alive() {
 	[[ " ${args[*]} " == *" kpssh-$TAG-h$1 "* || " ${args[*]} " == *" --machine=kpssh-$TAG-h$1 "* ]]
 }
 
-seed_upper() { # I: fresh identity in the host's (empty) upper dir
-	local i=$1 h up
+# seed_upper I: a fresh identity in the host's (empty) upper dir, and what
+# makes the world a fleet rather than a lab: the three host keys of a stock
+# Debian install (rsa, ecdsa, ed25519; the inventory pins ed25519), a second
+# login ($ALT_USER, the world's key, passwordless sudo) and a second sshd
+# port ($ALT_PORT; root@22 stays for the harness), and the world's host
+# names in /etc/hosts (what a Job pod on the host network resolves).
+seed_upper() {
+	local i=$1 h up t rootfs bits
 	h=$(hdir_of "$i")
-	up=$h/upper
-	install -d -m 0755 "$up/etc" "$up/etc/ssh"
+	up=$(disk_of "$i")/upper
+	install -d -m 0755 "$up/etc" "$up/etc/ssh" "$up/etc/ssh/sshd_config.d" "$up/etc/sudoers.d" "$up/home"
 	install -d -m 0700 "$up/root" "$up/root/.ssh"
-	rm -f "$up/etc/ssh/ssh_host_ed25519_key" "$up/etc/ssh/ssh_host_ed25519_key.pub"
-	ssh-keygen -q -t ed25519 -N '' -C "root@h$i" -f "$up/etc/ssh/ssh_host_ed25519_key" >/dev/null
+	# (rsa of 2048 bits, not Debian's 3072: a third of the keygen time, the
+	# same negotiation)
+	for t in ed25519 ecdsa rsa; do
+		rm -f "$up/etc/ssh/ssh_host_${t}_key" "$up/etc/ssh/ssh_host_${t}_key.pub"
+		bits=()
+		[[ $t != rsa ]] || bits=(-b 2048)
+		ssh-keygen -q -t "$t" "${bits[@]}" -N '' -C "root@h$i" -f "$up/etc/ssh/ssh_host_${t}_key" >/dev/null
+	done
+	cat >"$up/etc/ssh/sshd_config.d/20-kpssh-world.conf" <<-EOF
+		# hack/hosts.sh: every key of a stock host (ed25519: 10-kpssh.conf) and a second port.
+		HostKey /etc/ssh/ssh_host_rsa_key
+		HostKey /etc/ssh/ssh_host_ecdsa_key
+		Port 22
+		Port $ALT_PORT
+	EOF
 	od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$up/etc/machine-id"
 	echo >>"$up/etc/machine-id"
 	chmod 0444 "$up/etc/machine-id"
 	echo "h$i" >"$up/etc/hostname"
-	printf '127.0.0.1\tlocalhost\n127.0.1.1\th%s\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\tkpssh-bridge\n' \
-		"$i" "$SUBNET_PREFIX.$SUBNET_K.1" >"$up/etc/hosts"
+	{
+		printf '127.0.0.1\tlocalhost\n127.0.1.1\th%s\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\tkpssh-bridge\n' \
+			"$i" "$SUBNET_PREFIX.$SUBNET_K.1"
+		cat "$STATE/etc-hosts"
+	} >"$up/etc/hosts"
 	install -m 0600 "$STATE/id_ed25519.pub" "$up/root/.ssh/authorized_keys"
-	# known_hosts of the world: replace this host's entry.
-	local ip kh
+	# The second login: the image's account files plus one user (uid 1000 is
+	# free in both images), like a cloud image's default user.
+	rootfs=$(world_rootfs "$(host_release "$i")")
+	cp -p "$rootfs/etc/passwd" "$rootfs/etc/group" "$rootfs/etc/shadow" "$rootfs/etc/gshadow" "$up/etc/"
+	echo "$ALT_USER:x:$ALT_UID:$ALT_UID:kpssh test world login:/home/$ALT_USER:/bin/bash" >>"$up/etc/passwd"
+	echo "$ALT_USER:x:$ALT_UID:" >>"$up/etc/group"
+	echo "$ALT_USER:*:20000:0:99999:7:::" >>"$up/etc/shadow"
+	echo "$ALT_USER:!::" >>"$up/etc/gshadow"
+	install -d -m 0700 -o "$ALT_UID" -g "$ALT_UID" "$up/home/$ALT_USER" "$up/home/$ALT_USER/.ssh"
+	install -m 0600 -o "$ALT_UID" -g "$ALT_UID" "$STATE/id_ed25519.pub" "$up/home/$ALT_USER/.ssh/authorized_keys"
+	echo "$ALT_USER ALL=(ALL:ALL) NOPASSWD: ALL" >"$up/etc/sudoers.d/90-$ALT_USER"
+	chmod 0440 "$up/etc/sudoers.d/90-$ALT_USER"
+	# known_hosts of the world: replace this host's entry (its ed25519 key:
+	# what OpenSSH then negotiates).
+	local ip kh key
 	ip=$(ip_of "$i")
 	kh=$STATE/known_hosts
 	{
 		flock 7
-		awk -v ip="$ip" '$1 != ip' "$kh" >"$kh.tmp"
-		echo "$ip $(cut -d' ' -f1,2 "$up/etc/ssh/ssh_host_ed25519_key.pub")" >>"$kh.tmp"
+		awk -v ip="$ip" -v alt="[$ip]:$ALT_PORT" '$1 != ip && $1 != alt' "$kh" >"$kh.tmp"
+		key=$(cut -d' ' -f1,2 "$up/etc/ssh/ssh_host_ed25519_key.pub")
+		printf '%s %s\n[%s]:%s %s\n' "$ip" "$key" "$ip" "$ALT_PORT" "$key" >>"$kh.tmp"
 		mv "$kh.tmp" "$kh"
 	} 7>"$STATE/.known_hosts.lock"
 }
 
-new_disk() { # I: (re)create the host's writable layer with a new identity
-	local h
+new_disk() { # I: (re)create the host's disk, its writable layer with a new identity
+	local h d
 	h=$(hdir_of "$1")
-	rm -rf --one-file-system "$h/upper" "$h/work" "$h/containerd"
-	mkdir -p "$h/upper" "$h/work" "$h/merged" "$h/containerd"
-	chmod 0711 "$h/containerd"
+	d=$(disk_of "$1")
+	umount_under "$d"
+	rm -rf --one-file-system "$d" "$h/disk.img"
+	mkdir -p "$h/merged"
+	truncate -s "$HOST_DISK" "$h/disk.img"
+	# No reserved blocks (the kubelet's thresholds are of what is free);
+	# inode tables and journal left for the kernel, and noinit_itable on mount
+	# keeps it from zeroing them: the file stays sparse (a few MB).
+	mkfs.ext4 -q -F -m 0 -E lazy_itable_init=1,lazy_journal_init=1,nodiscard "$h/disk.img" >/dev/null ||
+		die "h$1: mkfs.ext4 of its disk failed"
+	mount_disk "$1"
+	mkdir -p "$d/upper" "$d/work" "$d/containerd"
+	chmod 0711 "$d/containerd"
 	seed_upper "$1"
+}
+
+mount_disk() { # I: mount the host's disk (a no-op when it is)
+	local h d
+	h=$(hdir_of "$1")
+	d=$(disk_of "$1")
+	[[ -f $h/disk.img ]] || die "h$1 has no disk ($h/disk.img; a host made before disks of their own: down the world)"
+	mountpoint -q "$d" && return 0
+	mkdir -p "$d"
+	mount -o loop,noatime,noinit_itable "$h/disk.img" "$d" || die "h$1: cannot mount its disk $h/disk.img"
 }
 
 net_up() { # I: netns + veth (fixed MAC) into the bridge, address, on-link route only
@@ -437,11 +530,13 @@ start_host() { # I: launch (no wait); requires the disk to exist
 	done < <(cgroup_roots)
 	rm -f "$h/nspawn.pid" "$h/launcher.pid" "$h/pid1"
 	umount_under "$h/merged"
-	local mirror=""
+	mount_disk "$i"
+	local mirror="" d
+	d=$(disk_of "$i")
 	if [[ -f $STATE/mirror ]]; then
 		mirror=$(<"$STATE/mirror")
 		[[ -d $mirror ]] || die "h$i: the world's mirror $mirror is gone"
-		mirror_dropin "$h/upper"
+		mirror_dropin "$d/upper"
 	fi
 	START_TS[$i]=$EPOCHREALTIME
 	echo "=== start $(date -u +%FT%TZ)" >>"$h/console.log"
@@ -476,24 +571,27 @@ start_host() { # I: launch (no wait); requires the disk to exist
 			rc=0
 			wait "$nspawn" || rc=$?
 			nspawn=""
-			[ "$rc" = 133 ] || exit "$rc"
+			# (the reason when it had none to print: CI once saw an empty console)
+			[ "$rc" = 133 ] || { echo "=== systemd-nspawn exited with status $rc"; exit "$rc"; }
 			echo "=== reboot $(date -u +%FT%TZ)"
 		done
-	' kpssh-launch "$h/nspawn.pid" "$rootfs" "$h/upper" "$h/work" "$h/merged" "$machine" "$ns" "$h/containerd" \
+	' kpssh-launch "$h/nspawn.pid" "$rootfs" "$d/upper" "$d/work" "$h/merged" "$machine" "$ns" "$d/containerd" \
 		"$mirror" "${cgs[@]}" </dev/null >>"$h/console.log" 2>&1 6>&- 7>&- 8>&- 9>&- &
 	LAUNCH_PID[$i]=$!
 }
 
 # mirror_dropin UPPER: a containerd drop-in (test world only, not a profile's)
-# importing the mirror's images each time containerd starts; kubelet orders
-# after containerd, so the images exist before the first pod sandbox.
+# importing the mirror's images when containerd starts without them (a fresh
+# or wiped store; like a registry's images already pulled, a rejoin finds
+# them: importing again cost every start ≈ 0.2 s); kubelet orders after
+# containerd, so the images exist before the first pod sandbox.
 mirror_dropin() {
 	local d=$1/etc/systemd/system/containerd.service.d
 	install -d -m 0755 "$1/etc" "$1/etc/systemd" "$1/etc/systemd/system" "$d"
 	cat >"$d/90-kpssh-test-images.conf" <<-'EOF'
 		# Written by hack/hosts.sh (KPSSH_MIRROR): the test world's images.
 		[Service]
-		ExecStartPost=/bin/sh -c 'for f in /srv/kpssh-mirror/images/*.tar; do ctr -n k8s.io images import "$$f" >/dev/null || exit 1; done'
+		ExecStartPost=/bin/sh -c 'have=$$(ctr -n k8s.io images ls -q) || exit 1; while read -r n; do echo "$$have" | grep -qxF "$$n" || { for f in /srv/kpssh-mirror/images/*.tar; do ctr -n k8s.io images import "$$f" >/dev/null || exit 1; done; exit 0; }; done </srv/kpssh-mirror/images/names'
 	EOF
 }
 
@@ -756,7 +854,10 @@ up_cleanup() {
 			down_world >/dev/null 2>&1 || true
 		else
 			stop_hosts "${STARTED_HOSTS[@]}" >/dev/null 2>&1 || true
-			for i in "${CREATED_HOSTS[@]}"; do rm -rf --one-file-system "$(hdir_of "$i")"; done
+			for i in "${CREATED_HOSTS[@]}"; do
+				umount_under "$(hdir_of "$i")"
+				rm -rf --one-file-system "$(hdir_of "$i")"
+			done
 		fi
 	fi
 	exit "$rc"
@@ -817,7 +918,7 @@ cmd_up() {
 		[[ $KPSSH_MIRROR == /* && -d $KPSSH_MIRROR ]] || die "KPSSH_MIRROR must be an existing absolute directory, got '$KPSSH_MIRROR'"
 		echo "$KPSSH_MIRROR" >"$STATE/mirror"
 	fi
-	local i pending=()
+	local i pending=() disks=()
 	for ((i = 1; i <= n; i++)); do
 		if host_exists "$i" && [[ -n $(nspawn_pid "$i") ]]; then
 			[[ -f $(hdir_of "$i")/cut ]] && continue # deliberately cut: leave it alone
@@ -828,12 +929,17 @@ cmd_up() {
 		if ! host_exists "$i"; then
 			CREATED_HOSTS+=("$i")
 			mkdir -p "$(hdir_of "$i")"
-			new_disk "$i"
 			printf 'INDEX=%s\nRELEASE=%s\n' "$i" "${REL[$i]}" >"$(hdir_of "$i")/host.env"
+			# New disks side by side: their rsa host keys are most of the cost.
+			new_disk "$i" 6>&- &
+			disks+=($!)
 		fi
+		pending+=("$i")
+	done
+	for i in "${disks[@]}"; do wait "$i" || die "making a new host disk failed"; done
+	for i in "${pending[@]}"; do
 		STARTED_HOSTS+=("$i")
 		start_host "$i"
-		pending+=("$i")
 	done
 	for i in "${pending[@]}"; do wait_host "$i"; done
 	trap - EXIT
@@ -960,22 +1066,28 @@ cmd_heal() {
 # paths are built from them, keys are base64, releases [a-z0-9].
 cmd_inventory() {
 	load_world || die "world '$WORLD' is not up"
-	local d i first=1 pub fp pid1 cut
-	printf '{"world":"%s","tag":"%s","stateDir":"%s","bridge":"%s","bridgeAddress":"%s","clientKey":"%s","knownHosts":"%s","cgroup":"%s","hosts":[' \
-		"$WORLD" "$TAG" "$STATE" "$BRIDGE" "$SUBNET_PREFIX.$SUBNET_K.1" "$STATE/id_ed25519" "$STATE/known_hosts" "/$CG_NAME"
+	local d up i first=1 pub fp pid1 cut t keys
+	printf '{"world":"%s","tag":"%s","stateDir":"%s","bridge":"%s","bridgeAddress":"%s","clientKey":"%s","knownHosts":"%s","hostsFile":"%s","cgroup":"%s","hosts":[' \
+		"$WORLD" "$TAG" "$STATE" "$BRIDGE" "$SUBNET_PREFIX.$SUBNET_K.1" "$STATE/id_ed25519" "$STATE/known_hosts" "$STATE/etc-hosts" "/$CG_NAME"
 	for i in $(host_indices); do
-		d=$STATE/hosts/h$i
-		pub="" fp="" pid1=0 cut=false
-		{ read -r pub <"$d/upper/etc/ssh/ssh_host_ed25519_key.pub"; } 2>/dev/null || true
+		d=$(hdir_of "$i")
+		up=$(disk_of "$i")/upper
+		pub="" fp="" pid1=0 cut=false keys=""
+		{ read -r pub <"$up/etc/ssh/ssh_host_ed25519_key.pub"; } 2>/dev/null || true
 		pub=${pub% *} # drop the comment
-		fp=$(ssh-keygen -lf "$d/upper/etc/ssh/ssh_host_ed25519_key.pub" 2>/dev/null | awk '{print $2}' || true)
+		fp=$(ssh-keygen -lf "$up/etc/ssh/ssh_host_ed25519_key.pub" 2>/dev/null | awk '{print $2}' || true)
+		for t in rsa ecdsa ed25519; do
+			[[ -f $up/etc/ssh/ssh_host_${t}_key.pub ]] || continue # (a host made before stock keys)
+			{ read -r t <"$up/etc/ssh/ssh_host_${t}_key.pub"; } 2>/dev/null || continue
+			keys+="${keys:+,}\"${t% *}\""
+		done
 		pid1=$(live_pid1 "$i")
 		pid1=${pid1:-0}
 		[[ -f $d/cut ]] && cut=true
 		((first)) || printf ','
 		first=0
-		printf '{"name":"h%s","index":%d,"machine":"kpssh-%s-h%s","address":"%s","port":22,"user":"root","hostKey":"%s","fingerprint":"%s","netns":"kpssh-%s-h%s","veth":"kpv%s%s","mac":"%s","cgroup":"/%s/h%s","pid":%d,"cut":%s,"release":"%s"}' \
-			"$i" "$i" "$TAG" "$i" "$SUBNET_PREFIX.$SUBNET_K.$((HOST_OFFSET + i))" "$pub" "$fp" "$TAG" "$i" "$TAG" "$i" \
+		printf '{"name":"h%s","index":%d,"machine":"kpssh-%s-h%s","address":"%s","dnsName":"%s","port":22,"user":"root","altPort":%d,"altUser":"%s","hostKey":"%s","fingerprint":"%s","hostKeys":[%s],"netns":"kpssh-%s-h%s","veth":"kpv%s%s","mac":"%s","cgroup":"/%s/h%s","pid":%d,"cut":%s,"release":"%s"}' \
+			"$i" "$i" "$TAG" "$i" "$SUBNET_PREFIX.$SUBNET_K.$((HOST_OFFSET + i))" "$(dns_of "$i")" "$ALT_PORT" "$ALT_USER" "$pub" "$fp" "$keys" "$TAG" "$i" "$TAG" "$i" \
 			"$(mac_of "$i")" "$CG_NAME" "$i" "$pid1" "$cut" "$(host_release "$i")"
 	done
 	printf ']}\n'

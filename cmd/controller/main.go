@@ -36,6 +36,9 @@ func main() {
 	ctx, op := coreoperator.NewOperator()
 	k := lo.Must(operator.New(ctx, op))
 	k.WithControllers(ctx, op).Start(ctx)
+	// Shut down (SIGTERM): the idle warm runners and their run directories
+	// go with the controller, not after it.
+	_ = k.Engine.Close()
 }
 
 // versionLine is "kpssh-controller <version> <go release> <os>/<arch>".

@@ -5,7 +5,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,6 +26,7 @@ import (
 	"github.com/awslabs/operatorpkg/status"
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/yaml"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/cloudprovider"
@@ -85,6 +85,9 @@ type rssWorld struct {
 	claims   map[string]bool // names of the claimed hosts
 	setup    []string        // how the world was made, for the report
 	hosts    int             // SSHHosts in the pool now
+	// memoryLimit is MEMORY_LIMIT as the chart sets it: its default
+	// resources.requests.memory, in bytes.
+	memoryLimit int64
 }
 
 // rssSample is one controller process's memory once it has synced.
@@ -180,6 +183,13 @@ func newRSSWorld(b *testing.B) (*rssWorld, error) {
 	}
 	w := &rssWorld{repo: repo, dir: dir, bin: filepath.Join(dir, "controller"), claims: map[string]bool{}}
 	fail := func(err error) (*rssWorld, error) { w.close(); return nil, err }
+	if w.memoryLimit, err = chartMemoryRequest(repo); err != nil {
+		return fail(err)
+	}
+	w.setup = append(w.setup, fmt.Sprintf("MEMORY_LIMIT %d (the chart's requests.memory)", w.memoryLimit))
+	if e := os.Getenv("KPSSH_RSS_ENV"); e != "" {
+		w.setup = append(w.setup, "KPSSH_RSS_ENV "+e+" (overrides)")
+	}
 	start := time.Now()
 	if bin := os.Getenv("KPSSH_RSS_BIN"); bin != "" {
 		// A controller built elsewhere (another commit, to compare).
@@ -555,12 +565,12 @@ func (p *rssProcess) pid() int { return p.cmd.Process.Pid }
 
 // start runs the binary with the chart's default settings (charts/kpssh
 // values.yaml: probe interval 2m, 32 concurrent probes, MEMORY_LIMIT from
-// the 1Gi limit), from the checkout (it finds the
+// requests.memory, read from values.yaml), from the checkout (it finds the
 // collection and roles there).
 func (w *rssWorld) start(b *testing.B) *rssProcess {
 	b.Helper()
 	w.runs++
-	p := &rssProcess{log: filepath.Join(w.dir, fmt.Sprintf("controller-%d.log", w.runs)), metricsPort: freePort(b), healthPort: freePort(b)}
+	p := &rssProcess{log: filepath.Join(w.dir, fmt.Sprintf("controller-%d.log", w.runs)), metricsPort: testenv.MustFreePort(b), healthPort: testenv.MustFreePort(b)}
 	f, err := os.Create(p.log)
 	if err != nil {
 		b.Fatal(err)
@@ -580,7 +590,7 @@ func (w *rssWorld) start(b *testing.B) *rssProcess {
 		// runs it). On, a renewal that times out on this loaded machine
 		// ends the process (Karpenter panics on a lost lease) mid-run.
 		"DISABLE_LEADER_ELECTION=true",
-		"MEMORY_LIMIT="+strconv.Itoa(1<<30),
+		"MEMORY_LIMIT="+strconv.FormatInt(w.memoryLimit, 10),
 		"METRICS_PORT="+p.metricsPort, "HEALTH_PROBE_PORT="+p.healthPort,
 		"ENABLE_PROFILING="+strconv.FormatBool(os.Getenv("KPSSH_RSS_PPROF") != ""),
 	)
@@ -656,11 +666,24 @@ func (w *rssWorld) saveHeap(b *testing.B, p *rssProcess, dir string) {
 	b.Logf("runtime: %s", strings.Join(stats, ", "))
 }
 
-func freePort(b *testing.B) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// chartMemoryRequest is the chart's default resources.requests.memory in
+// bytes: the chart passes it as MEMORY_LIMIT (Go's soft limit at 90 %).
+func chartMemoryRequest(repo string) (int64, error) {
+	raw, err := os.ReadFile(filepath.Join(repo, "charts", "kpssh", "values.yaml"))
 	if err != nil {
-		b.Fatal(err)
+		return 0, err
 	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	var v struct {
+		Resources struct {
+			Requests map[string]string `json:"requests"`
+		} `json:"resources"`
+	}
+	if err := yaml.Unmarshal(raw, &v); err != nil {
+		return 0, fmt.Errorf("charts/kpssh/values.yaml: %w", err)
+	}
+	q, err := resource.ParseQuantity(v.Resources.Requests["memory"])
+	if err != nil || q.Sign() <= 0 {
+		return 0, fmt.Errorf("charts/kpssh/values.yaml: resources.requests.memory %q: %v", v.Resources.Requests["memory"], err)
+	}
+	return q.Value(), nil
 }

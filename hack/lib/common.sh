@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared helpers for hack/rootfs.sh and hack/hosts.sh. Source it; do not run it.
+# Shared helpers of the hack/ scripts. Source it; do not run it.
 
 # die prints one line to stderr and exits non-zero.
 die() {
@@ -31,6 +31,11 @@ need_cmd() {
 		fi
 	done
 	die "'$cmd' not found: install the Debian package '$pkg' (apt-get install -y $pkg)"
+}
+
+# free_port prints a TCP port of 127.0.0.1 free right now.
+free_port() {
+	/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
 # repo_root prints the repository root (the directory holding go.mod).

@@ -150,7 +150,7 @@ func Compatible(nodeClaim *karpv1.NodeClaim, its []*cloudprovider.InstanceType) 
 	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(nodeClaim.Spec.Requirements...)
 	var out []*cloudprovider.InstanceType
 	for _, it := range its {
-		if reqs.Compatible(it.Requirements, scheduling.AllowUndefinedWellKnownLabels) != nil {
+		if reqs.Compatible(it.Requirements, instancetype.AllowUndefined) != nil {
 			continue
 		}
 		if len(it.Offerings.Launchable().Compatible(reqs)) == 0 {

@@ -772,22 +772,55 @@ func (l *Local) stopControlMaster(dir *runDir) {
 		_ = c.Run()
 		cancel()
 	}
+	stopMentioning(dir.path)
+}
+
+// stopMentioning terminates, then kills, every process whose command line
+// names the path s (as a whole path: another run's directory whose name
+// starts with s is not s), by pid.
+func stopMentioning(s string) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
-		pids := processesMentioning(dir.path)
-		if len(pids) == 0 {
-			return
-		}
 		var hit []int
-		for _, p := range pids {
-			if signalIfMentions(p, sig, dir.path) {
+		for _, p := range processesMentioning(s) {
+			if signalIfMentions(p, sig, s) {
 				hit = append(hit, p)
 			}
+		}
+		if len(hit) == 0 {
+			return
 		}
 		waitGone(hit, 2*time.Second)
 	}
 }
 
-// signalIfMentions signals pid only if it still mentions s: through a pidfd,
+// namesPath reports whether the command line cl (NUL-separated) names the
+// path p itself or something under it: p followed by the end, a NUL, a '/'
+// or any byte that cannot continue a run directory's name. MkdirTemp's
+// suffixes differ in length, so run-12 is a prefix of run-1234.
+func namesPath(cl, p string) bool {
+	if strings.HasSuffix(p, "/") { // "dir/": already a whole path element
+		return strings.Contains(cl, p)
+	}
+	for i := 0; p != ""; {
+		j := strings.Index(cl[i:], p)
+		if j < 0 {
+			return false
+		}
+		end := i + j + len(p)
+		if end == len(cl) {
+			return true
+		}
+		switch c := cl[end]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
+		default:
+			return true
+		}
+		i += j + 1
+	}
+	return false
+}
+
+// signalIfMentions signals pid only if it still names the path s (namesPath): through a pidfd,
 // so that a pid that exited and was reused since the scan is never hit.
 // Without pidfds (Linux < 5.3) it is a plain kill. It reports whether the
 // signal was sent.
@@ -799,8 +832,8 @@ func signalIfMentions(pid int, sig syscall.Signal, s string) bool {
 	}
 	defer syscall.Close(int(fd))
 	cl, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || !strings.Contains(string(cl), s) {
-		return false // not the process we found any more
+	if err != nil || !namesPath(string(cl), s) {
+		return false // not the process we found any more, or another run's
 	}
 	_, _, errno = syscall.Syscall6(sysPidfdSendSignal, fd, uintptr(sig), 0, 0, 0, 0)
 	return errno == 0

@@ -156,8 +156,9 @@ func (r *runDir) remove() error {
 // SweepStale removes run directories under base (default base when empty)
 // left by processes that no longer exist (a controller that crashed mid-run
 // leaves its run directory, secrets included, on tmpfs) — also when a new
-// process has the dead one's pid. Directories of live processes are left
-// alone. It returns what it removed.
+// process has the dead one's pid — and stops the processes still naming
+// them (the dead run's ssh ControlPersist master). Directories of live
+// processes are left alone. It returns what it removed.
 func SweepStale(base string) ([]string, error) {
 	if base == "" {
 		base = defaultRunBase()
@@ -181,6 +182,10 @@ func SweepStale(base string) ([]string, error) {
 		if fi, err := os.Lstat(p); err != nil || fi.Sys().(*syscall.Stat_t).Uid != uint32(os.Geteuid()) {
 			continue
 		}
+		// The dead run's ssh ControlPersist master ("ssh: <dir>/cm [mux]")
+		// left the run's process group and has no parent-death signal: it
+		// would keep its connection to the host open with its socket gone.
+		stopMentioning(p + "/")
 		if err := os.RemoveAll(p); err != nil {
 			errs = append(errs, err)
 			continue

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,6 +90,7 @@ const childEnv = "KPSSH_TEST_RUNDIR_CHILD"
 //	make BASE:  a run directory with a secret under BASE, its path printed; then exit, leaving it
 //	sweep BASE: SweepStale(BASE), what it removed printed as JSON
 //	warm BASE:  an engine whose warm runner is ready, its directory printed; then it waits to be killed
+//	run BASE:   an engine amid a run (a fake ansible-playbook), its pid and directory printed; then it waits to be killed
 func TestRunDirChild(t *testing.T) {
 	mode, base, ok := strings.Cut(os.Getenv(childEnv), " ")
 	if !ok {
@@ -136,9 +138,34 @@ func TestRunDirChild(t *testing.T) {
 		out("dir", e.warmDirs()[0])
 		_ = os.Stdout.Sync()
 		time.Sleep(10 * time.Minute) // killed by the parent
+	case "run":
+		runUntilKilled(t, base) // parentdeath_test.go
 	default:
 		t.Fatalf("%s=%q", childEnv, os.Getenv(childEnv))
 	}
+}
+
+// startChild starts TestRunDirChild in mode in its own process group (3
+// minutes at most; killed, group and all, when t ends) and returns it with
+// its stdout.
+func startChild(t *testing.T, mode, base string) (*exec.Cmd, io.Reader) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestRunDirChild$", "-test.count=1", "-test.timeout=3m")
+	cmd.Env = append(os.Environ(), childEnv+"="+mode+" "+base)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait(); cancel() })
+	return cmd, stdout
 }
 
 // runChild runs TestRunDirChild in mode (prefix: a command to run it under)
@@ -236,19 +263,7 @@ func TestIdleWarmRunnerLeavesWithItsParent(t *testing.T) {
 		t.Skip("runs ansible-playbook: skipped under -short")
 	}
 	base := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestRunDirChild$", "-test.count=1", "-test.timeout=3m")
-	cmd.Env = append(os.Environ(), childEnv+"=warm "+base)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() }()
+	cmd, stdout := startChild(t, "warm", base)
 	var dir string
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
@@ -277,7 +292,91 @@ func TestIdleWarmRunnerLeavesWithItsParent(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	_, err = os.Stat(dir)
+	_, err := os.Stat(dir)
 	t.Fatalf("20 s after its parent died: directory %s: %v; runner %d alive: %v; processes: %v",
 		dir, err, runner, pidAlive(runner), processesMentioning(dir))
+}
+
+// A controller that crashed mid-run leaves, besides its run directory, the
+// run's ssh ControlPersist master: daemonized out of the run's process
+// group, without a parent-death signal, it keeps its connection to the
+// host (and the session of a module still running there) open long after
+// the restarted controller swept the directory (seen in the e2e's
+// CrashResumeRoles: masters of a SIGKILLed controller 110 s after the
+// kill). The sweep stops the processes that name the directory it removes.
+func TestSweepStaleStopsTheDeadRunsMaster(t *testing.T) {
+	base := t.TempDir()
+	dead := filepath.Join(base, runDirPrefix+"999999999."+selfStart()+"-abc")
+	live := filepath.Join(base, runDirPrefix+runDirOwner()+"-abc")
+	for _, d := range []string{dead, live} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Stand-ins for the masters, titled as ssh titles them.
+	master := func(dir string, reap bool) *exec.Cmd {
+		c := exec.Command("bash", "-c", `exec -a "ssh: $0/cm [mux]" sleep 300`, dir)
+		c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = c.Process.Kill()
+			if reap {
+				_ = c.Wait()
+			}
+		})
+		return c
+	}
+	deadMaster, liveMaster := master(dead, false), master(live, true) // the dead one is reaped below
+	for end := time.Now().Add(5 * time.Second); len(processesMentioning(dead+"/cm")) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the stand-in master never showed its title")
+		}
+	}
+	removed, err := SweepStale(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || removed[0] != dead {
+		t.Fatalf("removed %v, want [%s]", removed, dead)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- deadMaster.Wait() }()
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the dead run's master (pid %d) still runs after the sweep removed %s", deadMaster.Process.Pid, dead)
+	}
+	if err := liveMaster.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the live run's master was stopped too: %v", err)
+	}
+}
+
+// TestNamesPath: a run directory's processes are those naming it as a whole
+// path; MkdirTemp's suffixes differ in length, so another run's directory
+// may start with this one's name.
+func TestNamesPath(t *testing.T) {
+	const dir = "/dev/shm/kpssh/run-a-12"
+	for _, c := range []struct {
+		cl   string
+		want bool
+	}{
+		{"ssh\x00-o\x00ControlPath=" + dir + "/cm\x00host", true},
+		{"python3\x00" + dir, true},
+		{"python3\x00" + dir + "\x00--cold", true},
+		{"ssh\x00-oControlPath=" + dir + "345/cm", false},
+		{"ssh\x00" + dir + "_x/cm", false},
+		{"ssh\x00" + dir + "345/cm\x00" + dir + "/ansible.cfg", true},
+		{"bash\x00-s", false},
+		{"", false},
+	} {
+		if got := namesPath(c.cl, dir); got != c.want {
+			t.Errorf("namesPath(%q) = %v, want %v", c.cl, got, c.want)
+		}
+	}
+	// With its slash (SweepStale's form) the path is already whole.
+	if !namesPath("ssh: "+dir+"/cm [mux]", dir+"/") || namesPath("ssh: "+dir+"345/cm [mux]", dir+"/") {
+		t.Errorf("namesPath with a trailing slash: wrong")
+	}
 }

@@ -130,11 +130,12 @@ func (k *Kpssh) WithControllers(ctx context.Context, op *coreoperator.Operator) 
 	decorated := overlay.Decorate(k.CloudProvider, op.GetClient(), op.InstanceTypeStore)
 	matcher := lo.Must(health.NewRepairPolicyMatcher(ctx, decorated))
 	cluster := state.NewCluster(op.Clock, op.GetClient(), decorated, state.WithRepairPolicyMatcher(matcher))
+	core := corecontrollers.NewControllers(ctx, op.Manager, op.Clock, op.GetClient(), op.EventRecorder,
+		decorated, k.CloudProvider, cluster, op.InstanceTypeStore, op.PredictionStore,
+		// Registration waits for the profile's verify phase.
+		corecontrollers.WithRegistrationHook(k.CloudProvider.VerifyHook()))
 	return op.
-		WithControllers(ctx, corecontrollers.NewControllers(ctx, op.Manager, op.Clock, op.GetClient(), op.EventRecorder,
-			decorated, k.CloudProvider, cluster, op.InstanceTypeStore, op.PredictionStore,
-			// Registration waits for the profile's verify phase.
-			corecontrollers.WithRegistrationHook(k.CloudProvider.VerifyHook()))...).
+		WithControllers(ctx, fewerHydrationWorkers(onlyOwnReboots(core, decorated), decorated)...).
 		WithControllers(ctx, k.Controllers...)
 }
 

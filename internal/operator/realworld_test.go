@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -35,16 +34,6 @@ func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m, &env)) }
 
 const poolNS = "kpssh-system"
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
-}
-
 // startOperator runs cmd/controller's wiring (Karpenter core + kpssh) in
 // this process against envtest. Karpenter's operator reads its options from
 // flags and the environment, once per process.
@@ -57,8 +46,8 @@ func startOperator(t *testing.T, logFile string) {
 		"LOG_ERROR_OUTPUT_PATHS":  "stderr," + logFile,
 		"KUBECONFIG":              env.Kubeconfig,
 		"DISABLE_LEADER_ELECTION": "true",
-		"METRICS_PORT":            freePort(t),
-		"HEALTH_PROBE_PORT":       freePort(t),
+		"METRICS_PORT":            testenv.MustFreePort(t),
+		"HEALTH_PROBE_PORT":       testenv.MustFreePort(t),
 		"POOL_NAMESPACE":          poolNS,
 		"PROBE_INTERVAL":          "3s",
 		"BATCH_IDLE_DURATION":     "1s",
@@ -387,6 +376,65 @@ func TestKarpenterDrivesHostsThroughEngine(t *testing.T) {
 	}
 
 	t.Run("canary", func(t *testing.T) { testCanaryFailedJoin(t, w, logFile) })
+	t.Run("another provider's reboot", testForeignReboot)
+}
+
+// testForeignReboot: a NodeClaim of another Karpenter in the cluster (its
+// nodeClassRef is not an SSHNodeClass) whose own Karpenter asked for a
+// reboot (Rebooting=True, RebootRequested, as its repair writes it) is not
+// kpssh's to reboot. Karpenter core's reboot controller reconciles every
+// NodeClaim with a Rebooting condition: in kpssh it fenced the other's Node
+// (reboot taint), asked kpssh's provider, which knows no such claim, and
+// then "replaced" it — deleted the other provider's NodeClaim.
+func testForeignReboot(t *testing.T) {
+	ctx := context.Background()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other-node"}, Spec: corev1.NodeSpec{ProviderID: "other://other-node"}}
+	mustCreate(t, node)
+	claim := &karpv1.NodeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "other-claim", Finalizers: []string{"example.com/other-provider"},
+			Annotations: map[string]string{karpv1.RebootTerminationGracePeriodAnnotationKey: "0s"}},
+		Spec: karpv1.NodeClaimSpec{NodeClassRef: &karpv1.NodeClassReference{Group: "karpenter.kwok.sh", Kind: "KWOKNodeClass", Name: "other"},
+			Requirements: []karpv1.NodeSelectorRequirementWithMinValues{{Key: karpv1.CapacityTypeLabelKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"on-demand"}}}},
+	}
+	mustCreate(t, claim)
+	t.Cleanup(func() {
+		c := &karpv1.NodeClaim{}
+		if env.Client.Get(ctx, client.ObjectKeyFromObject(claim), c) == nil {
+			c.Finalizers = nil
+			_ = env.Client.Update(ctx, c)
+			_ = env.Client.Delete(ctx, c)
+		}
+		_ = env.Client.Delete(ctx, node)
+	})
+	claim.Status.ProviderID, claim.Status.NodeName = node.Spec.ProviderID, node.Name
+	claim.StatusConditions().SetTrue(karpv1.ConditionTypeLaunched)
+	claim.StatusConditions().SetTrue(karpv1.ConditionTypeRegistered)
+	claim.StatusConditions().SetTrueWithReason(karpv1.ConditionTypeRebooting, karpv1.RebootReasonRequested, "asked by its own Karpenter")
+	if err := env.Client.Status().Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	// Forceful (grace period 0): kpssh's core would have called the
+	// provider after its 5 s minimum drain; watch three times that.
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		c, n := &karpv1.NodeClaim{}, &corev1.Node{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(claim), c); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(node), n); err != nil {
+			t.Fatal(err)
+		}
+		if !c.DeletionTimestamp.IsZero() {
+			t.Fatalf("kpssh deleted another provider's NodeClaim %s (its reboot request: %+v)", c.Name, c.StatusConditions().Get(karpv1.ConditionTypeRebooting))
+		}
+		if r := c.StatusConditions().Get(karpv1.ConditionTypeRebooting); r == nil || r.Reason != karpv1.RebootReasonRequested || len(c.Annotations) != 1 {
+			t.Fatalf("kpssh worked on another provider's reboot: condition %+v, annotations %v", r, c.Annotations)
+		}
+		for _, taint := range n.Spec.Taints {
+			if taint.MatchTaint(&karpv1.RebootingNoScheduleTaint) {
+				t.Fatalf("kpssh fenced another provider's Node %s for its reboot", n.Name)
+			}
+		}
+	}
 }
 
 // testCanaryFailedJoin: one run, Secret → Create → failed join, then

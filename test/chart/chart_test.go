@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -324,8 +325,13 @@ func TestDeployment(t *testing.T) {
 	parse := func(t *testing.T, vars []corev1.EnvVar) (*options.Options, *coreoptions.Options, error) {
 		for _, e := range vars {
 			v := e.Value
-			if e.ValueFrom != nil {
-				v = "1073741824" // a resourceFieldRef resolves to a number
+			if r := e.ValueFrom; r != nil {
+				// A resourceFieldRef resolves to a number: MEMORY_LIMIT
+				// (Go's soft limit at 90 %) to the memory request.
+				if r.ResourceFieldRef == nil || r.ResourceFieldRef.Resource != "requests.memory" || e.Name != "MEMORY_LIMIT" {
+					return nil, nil, fmt.Errorf("env %s from %+v", e.Name, r)
+				}
+				v = strconv.FormatInt(c.Resources.Requests.Memory().Value(), 10)
 			}
 			t.Setenv(e.Name, v)
 		}
@@ -347,7 +353,7 @@ func TestDeployment(t *testing.T) {
 		if err := ours.Parse(fs); err != nil {
 			return nil, nil, err
 		}
-		if ours.PoolNamespace != env["POOL_NAMESPACE"] || core.LeaderElectionName != "kpssh-leader-election" || core.MemoryLimit != 1073741824 {
+		if ours.PoolNamespace != env["POOL_NAMESPACE"] || core.LeaderElectionName != "kpssh-leader-election" || core.MemoryLimit != c.Resources.Requests.Memory().Value() {
 			return nil, nil, fmt.Errorf("parsed %+v / leader %q memory %d", ours, core.LeaderElectionName, core.MemoryLimit)
 		}
 		return ours, core, nil
@@ -371,6 +377,36 @@ func TestDeployment(t *testing.T) {
 		}
 		if o.Repair != cloudprovider.DefaultRepair {
 			t.Errorf("defaults: repair %+v, want %+v", o.Repair, cloudprovider.DefaultRepair)
+		}
+	})
+	// MEMORY_LIMIT follows the memory request whenever the chart sets
+	// resources (Kubernetes makes a request of a lone limit); none, no soft
+	// limit. The default keeps Go's soft limit (90 %) where the controller
+	// measured under 200 MiB RSS with 5,000 hosts (docs/performance.md).
+	t.Run("memory limit", func(t *testing.T) {
+		if req := c.Resources.Requests.Memory().Value(); req*9/10 > 150<<20 || c.Resources.Limits.Memory().Cmp(*c.Resources.Requests.Memory()) <= 0 {
+			t.Errorf("default resources %+v: the soft limit (90 %% of the request) above the measured 150 MiB, or no limit above the request", c.Resources)
+		}
+		for _, tc := range []struct {
+			name string
+			args []string
+			want bool
+		}{
+			{"a limit only", []string{"--set", "resources.requests=null"}, true},
+			{"a request only", []string{"--set", "resources.limits=null"}, true},
+			{"no resources", []string{"--set", "resources=null"}, false},
+		} {
+			objs := w.template(t, tc.args...)
+			env := convert[appsv1.Deployment](t, find(objs, "Deployment", "kpssh", "kpssh")).Spec.Template.Spec.Containers[0].Env
+			got := false
+			for _, e := range env {
+				if e.Name == "MEMORY_LIMIT" {
+					got = e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "requests.memory"
+				}
+			}
+			if got != tc.want {
+				t.Errorf("%s: MEMORY_LIMIT from requests.memory %v, want %v (%+v)", tc.name, got, tc.want, env)
+			}
 		}
 	})
 	// settings: Karpenter core's options as the controller parses them.

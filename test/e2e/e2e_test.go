@@ -15,8 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
+	karpcp "sigs.k8s.io/karpenter/pkg/cloudprovider"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
+	"github.com/dklesev/kpssh/internal/cloudprovider"
 	"github.com/dklesev/kpssh/test/hostenv"
 )
 
@@ -27,7 +29,8 @@ const (
 
 // state carried from one scenario to the next (they share one world).
 type state struct {
-	host string // the host ScaleUp joined
+	host string    // the host ScaleUp joined
+	jobs *jobWorld // JobExec's executor-job setup, kept for CrashResumeRoles
 }
 
 // scenario is one step of a world's sequence.
@@ -52,7 +55,9 @@ func TestE2E(t *testing.T) {
 		{"ZombieGuard", zombieGuard},
 		{"PowerOutage", powerOutage},
 		{"Maintenance", maintenance},
+		{"PriceConsolidation", priceConsolidation}, // classes_test.go
 		{"Drift", drift},
+		{"Adopt", adopt},           // adopt_test.go
 		{"FullPool", fullPool},     // pools_test.go
 		{"StaticPool", staticPool}, // pools_test.go
 		{"Verify", verifyGate},     // verify_test.go
@@ -70,8 +75,11 @@ func TestE2ERoles(t *testing.T) {
 		{"RoleProfile", roleProfile},
 		{"Releases", releases},
 		{"Verified", verified},
-		{"JobExec", jobExec},         // jobexec_test.go
-		{"ContentRole", contentRole}, // content_test.go
+		{"ContentRole", contentRole},           // content_test.go
+		{"JobExec", jobExec},                   // jobexec_test.go
+		{"CrashResumeRoles", crashResumeRoles}, // crashroles_test.go: on JobExec's setup when both run
+		{"HA", highAvailability},               // ha_test.go
+		{"Coexistence", coexistence},           // coexist_test.go
 	})
 }
 
@@ -109,7 +117,17 @@ func runWorld(t *testing.T, scenarios []scenario) {
 // brokenScenarios are out of the default sequence, each with why (the
 // issue tracker has it too): a listed scenario runs only when
 // KPSSH_E2E_ONLY names it, or in sequence with KPSSH_E2E_BROKEN=1.
-var brokenScenarios = map[string]string{}
+var brokenScenarios = map[string]string{
+	// Its 20 points each passed, but never yet all in one run; at CI's load
+	// its chains take 10-15 min more than TestE2ERoles can spare.
+	"CrashResumeRoles": "20 role and Job kill points: not yet green as one chain; run it with KPSSH_E2E_ONLY=RoleProfile,ContentRole,JobExec,CrashResumeRoles",
+	// Green alone and after JobExec here (91-100 s), but in CI's whole
+	// sequence its warm join is over before the leader can be killed in it
+	// (three runs), even with containerd's start held behind a gate: the
+	// join did not start containerd there, so something before HA leaves
+	// it (or kubelet) running on an Available host. Found out, it returns.
+	"HA": "the leader never killed inside the join in the whole sequence (a service left running on an Available host); run it with KPSSH_E2E_ONLY=HA",
+}
 
 func (w *world) withT(t *testing.T) *world {
 	c := *w
@@ -123,14 +141,55 @@ func (w *world) withT(t *testing.T) *world {
 // returns the host and logs the claim's timeline.
 func (w *world) joined(exclude string) (*v1beta1.SSHHost, *karpv1.NodeClaim) {
 	w.t.Helper()
+	return w.joinedAs(exclude, "", staticProviderID)
+}
+
+// nodePressure names the node's pressure conditions that are True
+// (DiskPressure: its host's disk is short of the kubelet's eviction
+// thresholds), or "".
+func nodePressure(n *corev1.Node) string {
+	var out []string
+	for _, c := range n.Status.Conditions {
+		switch c.Type {
+		case corev1.NodeDiskPressure, corev1.NodeMemoryPressure, corev1.NodePIDPressure:
+			if c.Status == corev1.ConditionTrue {
+				out = append(out, string(c.Type)+" ("+c.Message+")")
+			}
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+// staticProviderID is the providerID a host's Node has under
+// providerIDSource Static.
+func staticProviderID(h *v1beta1.SSHHost) string { return "kpssh://" + poolNS + "/" + h.Name }
+
+// joinedExcept is joined, the claim of host keep (joined throughout) aside.
+func (w *world) joinedExcept(exclude, keep string) (*v1beta1.SSHHost, *karpv1.NodeClaim) {
+	w.t.Helper()
+	return w.joinedAs(exclude, keep, staticProviderID)
+}
+
+// joinedAs is joined with the claim of host keep aside and the providerID
+// the host's Node must have (providerIDSource Adopt: the one its kubelet
+// reports).
+func (w *world) joinedAs(exclude, keep string, providerID func(*v1beta1.SSHHost) string) (*v1beta1.SSHHost, *karpv1.NodeClaim) {
+	w.t.Helper()
 	ctx := context.Background()
 	var host *v1beta1.SSHHost
 	var claim *karpv1.NodeClaim
 	w.eventually("a host joined as a Ready node running the pod", 6*time.Minute, func() (bool, string) {
+		keepClaim := ""
+		if keep != "" {
+			if h := w.sshHost(keep); h.Status.ClaimRef != nil {
+				keepClaim = h.Status.ClaimRef.Name
+			}
+		}
 		claims := w.nodeClaims()
 		var live []karpv1.NodeClaim
 		for _, c := range claims {
-			if c.DeletionTimestamp == nil {
+			// another provider's claims coexist (Coexistence)
+			if c.DeletionTimestamp == nil && ownClaim(&c) && c.Name != keepClaim {
 				live = append(live, c)
 			}
 		}
@@ -156,7 +215,7 @@ func (w *world) joined(exclude string) (*v1beta1.SSHHost, *karpv1.NodeClaim) {
 		if host.Status.State != v1beta1.HostInUse {
 			return false, fmt.Sprintf("host %s is %s (last phase %+v)", host.Name, host.Status.State, host.Status.LastPhase)
 		}
-		want := "kpssh://" + poolNS + "/" + host.Name
+		want := providerID(host)
 		if claim.Status.ProviderID != want || host.Status.ProviderID != want {
 			return false, fmt.Sprintf("providerID claim=%q host=%q, want %q", claim.Status.ProviderID, host.Status.ProviderID, want)
 		}
@@ -166,6 +225,10 @@ func (w *world) joined(exclude string) (*v1beta1.SSHHost, *karpv1.NodeClaim) {
 		}
 		if node.Spec.ProviderID != want || !nodeReady(node) {
 			return false, fmt.Sprintf("node %s providerID=%q ready=%v", node.Name, node.Spec.ProviderID, nodeReady(node))
+		}
+		if p := nodePressure(node); p != "" {
+			// its kubelet evicts the pod: say so rather than "no Running pod"
+			return false, fmt.Sprintf("node %s reports %s", node.Name, p)
 		}
 		pods := &corev1.PodList{}
 		if err := w.kube.List(ctx, pods, client.InNamespace("default"), client.MatchingLabels{"app": "pause"}); err != nil {
@@ -179,7 +242,49 @@ func (w *world) joined(exclude string) (*v1beta1.SSHHost, *karpv1.NodeClaim) {
 		return false, fmt.Sprintf("no Running pause pod on %s yet (%d pods)", host.Name, len(pods.Items))
 	})
 	w.t.Logf("joined %s: %s", host.Name, timeline(claim))
+	w.checkNodeAddress(host.Name)
 	return host, claim
+}
+
+// checkNodeAddress: the Node of host name has the host's IP as its
+// InternalIP, also when its SSHHost gives a DNS name (hostLogin's h2: the
+// kubelet's --node-ip is the IP the probe learned, never the name).
+func (w *world) checkNodeAddress(name string) {
+	w.t.Helper()
+	want := w.hosts.Host(w.hostIndex(name)).Address
+	node := &corev1.Node{}
+	if err := w.kube.Get(context.Background(), client.ObjectKey{Name: name}, node); err != nil {
+		w.t.Errorf("node %s: %v", name, err)
+		return
+	}
+	var ips []string
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			ips = append(ips, a.Address)
+		}
+	}
+	if len(ips) != 1 || ips[0] != want {
+		w.t.Errorf("node %s (SSHHost address %s): InternalIP %v, want [%s]", name, w.sshHost(name).Spec.Address, ips, want)
+	}
+}
+
+// checkLogins: the pool reached each host the way hostLogin says: h1 with
+// its ed25519 key pinned (the fingerprint the controller pinned is that
+// key's, though the host serves rsa and ecdsa keys too), h3 as AltUser
+// becoming root through sudo (sshd and sudo log it on the host).
+func (w *world) checkLogins() {
+	w.t.Helper()
+	h1 := w.hosts.Host(0)
+	if got := w.sshHost(h1.Name).Status.HostKeyFingerprint; got != h1.Fingerprint {
+		w.t.Errorf("%s pinned %q, want its ed25519 key's %s (knownHost)", h1.Name, got, h1.Fingerprint)
+	}
+	h3 := w.hosts.Host(2)
+	out := w.hosts.MustRun(2, fmt.Sprintf(`echo "ssh=$(journalctl --no-pager -o cat _COMM=sshd | grep -c 'Accepted publickey for %[1]s ')"
+echo "sudo=$(journalctl --no-pager -o cat _COMM=sudo | grep -c '^ *%[1]s : .*USER=root ')"`, h3.AltUser))
+	if strings.Contains(out, "ssh=0") || strings.Contains(out, "sudo=0") {
+		w.t.Errorf("%s: no login of %s or no sudo of it to root in the journal (%q): the phases did not run as %s@:%d through sudo",
+			h3.Name, h3.AltUser, strings.ReplaceAll(out, "\n", " "), h3.AltUser, h3.AltPort)
+	}
 }
 
 // timeline is a NodeClaim's lifecycle relative to its creation (API
@@ -197,24 +302,47 @@ func timeline(c *karpv1.NodeClaim) string {
 
 // gone waits until no NodeClaim and no Node is left and every host is
 // Available with kubelet and containerd disabled and no token Secret left.
-func (w *world) allLeft(what string) {
+func (w *world) allLeft(what string) { w.t.Helper(); w.allLeftBut(what, "") }
+
+// allLeftBut is allLeft with host keep (and its claim and Node) joined
+// throughout.
+func (w *world) allLeftBut(what, keep string) {
 	w.t.Helper()
 	w.eventually(what, 5*time.Minute, func() (bool, string) {
-		if n := len(w.nodeClaims()); n > 0 {
-			return false, fmt.Sprintf("%d NodeClaims", n)
+		keepClaim := ""
+		var s []string
+		ok := true
+		for _, h := range w.sshHosts() {
+			s = append(s, fmt.Sprintf("%s=%s%s", h.Name, h.Status.State, errSuffix(h.Status.LastProbeError)))
+			if h.Name == keep {
+				if h.Status.ClaimRef != nil {
+					keepClaim = h.Status.ClaimRef.Name
+				}
+				continue
+			}
+			ok = ok && h.Status.State == v1beta1.HostAvailable
 		}
-		if n := len(w.nodes()); n > 0 {
-			return false, fmt.Sprintf("%d Nodes", n)
+		for _, c := range w.nodeClaims() {
+			if c.Name != keepClaim {
+				return false, "NodeClaim " + c.Name + " left"
+			}
 		}
-		return w.allHosts(v1beta1.HostAvailable)
+		for _, n := range w.nodes() {
+			if n.Name != keep {
+				return false, "Node " + n.Name + " left"
+			}
+		}
+		return ok && len(s) == 3, strings.Join(s, " ")
 	})
-	for i := range w.hosts.Hosts() {
+	for i, h := range w.hosts.Hosts() {
+		if h.Name == keep {
+			continue
+		}
 		// never installed: is-enabled prints nothing on bookworm, not-found on trixie
 		if u := w.units(i); u != unitsLeft && u != "kubelet=/inactive containerd=/inactive" && u != "kubelet=not-found/inactive containerd=not-found/inactive" {
 			diag, _, _ := w.hosts.Run(i, "ls -l /etc/systemd/system/multi-user.target.wants/; journalctl --no-pager -n 60 -u containerd -u kubelet -o short-precise; journalctl --no-pager -n 40 _COMM=systemctl -o short-precise")
-			h := w.sshHost(w.hosts.Hosts()[i].Name)
 			evs, _ := w.kubectl("-n", poolNS, "get", "events", "-o", "custom-columns=OBJ:.involvedObject.name,REASON:.reason,MSG:.message")
-			w.t.Errorf("host %d: units %q, want %q (or never installed); last phase %+v\nevents:\n%s\n%s", i, u, unitsLeft, h.Status.LastPhase, evs, diag)
+			w.t.Errorf("host %d: units %q, want %q (or never installed); last phase %+v\nevents:\n%s\n%s", i, u, unitsLeft, w.sshHost(h.Name).Status.LastPhase, evs, diag)
 		}
 	}
 	w.eventually("no bootstrap-token Secret left", time.Minute, func() (bool, string) {
@@ -351,29 +479,15 @@ func maintenance(w *world, st *state) {
 
 // drift: bumping the profile's version drifts the node (ProfileDrift);
 // Karpenter replaces it: a new claim runs install again (new version), the
-// old node leaves.
+// old node leaves. Then a var of the node class is edited: the replacement,
+// stamped with the node class's hash, drifts (NodeClassDrift) and is
+// replaced in turn by a claim stamped with the new hash.
 func drift(w *world, st *state) {
-	ctx := context.Background()
 	w.scale(1)
 	old, oldClaim := w.joined("")
 	w.mustKubectl("patch", "sshjoinprofile", w.profile, "--type=merge", "-p", `{"spec":{"version":"2"}}`)
-	w.eventually("old claim Drifted", 3*time.Minute, func() (bool, string) {
-		c := &karpv1.NodeClaim{}
-		if err := w.kube.Get(ctx, client.ObjectKeyFromObject(oldClaim), c); err != nil {
-			return client.IgnoreNotFound(err) == nil, err.Error() // already replaced
-		}
-		d := c.StatusConditions().Get(karpv1.ConditionTypeDrifted)
-		return d != nil && d.IsTrue(), fmt.Sprintf("%+v", d)
-	})
-	w.eventually("replacement joined and old claim gone", 8*time.Minute, func() (bool, string) {
-		c := &karpv1.NodeClaim{}
-		err := w.kube.Get(ctx, client.ObjectKeyFromObject(oldClaim), c)
-		if err == nil {
-			return false, "old claim still there"
-		}
-		return client.IgnoreNotFound(err) == nil, err.Error()
-	})
-	host, _ := w.joined("")
+	w.replacedForDrift(oldClaim, cloudprovider.ProfileDrift)
+	host, claim := w.joined("")
 	if host.Status.InstalledProfile != w.profile+"@2" {
 		w.t.Errorf("replacement %s: installedProfile %q, want %s@2 (install ran again)", host.Name, host.Status.InstalledProfile, w.profile)
 	}
@@ -383,8 +497,95 @@ func drift(w *world, st *state) {
 		}
 	}
 	w.t.Logf("drifted %s replaced by %s", old.Name, host.Name)
+	nodeClassDrift(w, claim)
 	w.scale(0)
 	w.allLeft("drift done: everything Available")
+	w.mustKubectl("patch", "sshnodeclass", "pool", "--type=merge", "-p", `{"spec":{"vars":{"e2eDrift":null}}}`)
+}
+
+// nodeClassDrift: the joined claim carries the node class's hash (stamped
+// at launch, kept through every status write Karpenter made since:
+// Launched, Registered, Initialized, …); a var added to the node class
+// changes the hash → Drifted, reason NodeClassDrift, the stamp still the
+// old one → replaced (a warm join where the host is installed) by a claim
+// whose stamp is the new hash, still there once Karpenter has written its
+// Consolidatable condition. The caller removes the var once nothing is
+// joined (removing it sooner drifts the replacement).
+func nodeClassDrift(w *world, claim *karpv1.NodeClaim) {
+	ctx := context.Background()
+	hash := func() string {
+		nc := &v1beta1.SSHNodeClass{}
+		if err := w.kube.Get(ctx, client.ObjectKey{Name: "pool"}, nc); err != nil {
+			w.t.Fatal(err)
+		}
+		return cloudprovider.NodeClassHash(nc)
+	}
+	stamp := func(c *karpv1.NodeClaim) string {
+		return c.Annotations[v1beta1.AnnotationNodeClassHash] + "/" + c.Annotations[v1beta1.AnnotationNodeClassHashVersion]
+	}
+	before := hash()
+	if err := w.kube.Get(ctx, client.ObjectKeyFromObject(claim), claim); err != nil {
+		w.t.Fatal(err)
+	}
+	if got, want := stamp(claim), before+"/"+cloudprovider.NodeClassHashVersion; got != want {
+		w.t.Fatalf("claim %s stamped %q, want the node class's %q", claim.Name, got, want)
+	}
+	w.mustKubectl("patch", "sshnodeclass", "pool", "--type=merge", "-p", `{"spec":{"vars":{"e2eDrift":"1"}}}`)
+	after := hash()
+	if after == before {
+		w.t.Fatalf("node class hash %s unchanged by a var", after)
+	}
+	drifted := w.replacedForDrift(claim, cloudprovider.NodeClassDrift)
+	if drifted != nil && stamp(drifted) != before+"/"+cloudprovider.NodeClassHashVersion {
+		w.t.Errorf("Drifted claim %s stamped %q, want the hash it launched with %s", drifted.Name, stamp(drifted), before)
+	}
+	host, repl := w.joined("")
+	w.eventually("replacement "+repl.Name+" Initialized and Consolidatable (Karpenter's status writes)", 2*time.Minute, func() (bool, string) {
+		if err := w.kube.Get(ctx, client.ObjectKeyFromObject(repl), repl); err != nil {
+			return false, err.Error()
+		}
+		i, c := repl.StatusConditions().Get(karpv1.ConditionTypeInitialized), repl.StatusConditions().Get(karpv1.ConditionTypeConsolidatable)
+		return i.IsTrue() && c.IsTrue(), fmt.Sprintf("Initialized %v, Consolidatable %v", i, c)
+	})
+	if got, want := stamp(repl), after+"/"+cloudprovider.NodeClassHashVersion; got != want {
+		w.t.Errorf("replacement %s stamped %q after Karpenter's writes, want the node class's current %q", repl.Name, got, want)
+	}
+	if d := repl.StatusConditions().Get(karpv1.ConditionTypeDrifted); d.IsTrue() {
+		w.t.Errorf("replacement %s Drifted: %s", repl.Name, d.Reason)
+	}
+	w.t.Logf("NodeClassDrift: %s replaced by %s on %s (hash %s → %s)", claim.Name, repl.Name, host.Name, before, after)
+}
+
+// replacedForDrift waits for claim to be Drifted with reason and then gone
+// (Karpenter replaced it); it returns the claim as last seen Drifted (nil
+// if it was gone before it was seen so).
+func (w *world) replacedForDrift(claim *karpv1.NodeClaim, reason karpcp.DriftReason) *karpv1.NodeClaim {
+	w.t.Helper()
+	ctx := context.Background()
+	var seen *karpv1.NodeClaim
+	w.eventually("claim "+claim.Name+" Drifted ("+string(reason)+")", 3*time.Minute, func() (bool, string) {
+		c := &karpv1.NodeClaim{}
+		if err := w.kube.Get(ctx, client.ObjectKeyFromObject(claim), c); err != nil {
+			return client.IgnoreNotFound(err) == nil, err.Error() // already replaced
+		}
+		d := c.StatusConditions().Get(karpv1.ConditionTypeDrifted)
+		if d.IsTrue() && d.Reason != string(reason) {
+			w.t.Fatalf("claim %s Drifted for %s, want %s", c.Name, d.Reason, reason)
+		}
+		if d.IsTrue() {
+			seen = c
+		}
+		return d.IsTrue(), fmt.Sprintf("%+v", d)
+	})
+	w.eventually("replacement joined and claim "+claim.Name+" gone", 8*time.Minute, func() (bool, string) {
+		c := &karpv1.NodeClaim{}
+		err := w.kube.Get(ctx, client.ObjectKeyFromObject(claim), c)
+		if err == nil {
+			return false, "old claim still there"
+		}
+		return client.IgnoreNotFound(err) == nil, err.Error()
+	})
+	return seen
 }
 
 // roleProfile: the node class switches to the shipped role-based profile
@@ -450,6 +651,10 @@ func releases(w *world, st *state) {
 			joined[h.Release] = append(joined[h.Release], h.Name+" ("+lp+")")
 		}
 		w.t.Logf("%s: all %d hosts Ready %v after the scale: %v", profile, len(hosts), time.Since(start).Round(100*time.Millisecond), joined)
+		for _, h := range hosts {
+			w.checkNodeAddress(h.Name)
+		}
+		w.checkLogins()
 		for _, rel := range []string{hostenv.Bookworm, hostenv.Trixie} {
 			if len(joined[rel]) == 0 {
 				w.t.Errorf("%s: no %s host joined (the world must have both releases): %v", profile, rel, joined)

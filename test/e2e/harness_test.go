@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/test/hostenv"
+	"github.com/dklesev/kpssh/test/testenv"
 	"github.com/dklesev/kpssh/test/testexec"
 )
 
@@ -81,9 +81,9 @@ func newWorld(t testing.TB) *world {
 		t.Fatal(err)
 	}
 	w := &world{t: t, repo: repo, logDir: t.TempDir()}
-	if d := os.Getenv("KPSSH_E2E_LOGS"); d != "" { // keep logs after the run
-		w.logDir = d
-		if err := os.MkdirAll(d, 0o755); err != nil {
+	if d := os.Getenv("KPSSH_E2E_LOGS"); d != "" { // keep logs after the run, a dir per world
+		w.logDir = filepath.Join(d, t.Name())
+		if err := os.MkdirAll(w.logDir, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -160,7 +160,7 @@ func newWorld(t testing.TB) *world {
 	}
 	// One metrics port for the world: Prometheus keeps one scrape target
 	// across controller restarts.
-	w.ctrl = &controller{t: t, bin: bin, dir: repo, logDir: w.logDir, metricsPort: freePort(), env: []string{
+	w.ctrl = &controller{t: t, bin: bin, dir: repo, logDir: w.logDir, metricsPort: testenv.MustFreePort(t), hostsFile: w.etcHosts(), env: []string{
 		"FEATURE_GATES=" + gates,
 		"KUBECONFIG=" + w.kubeconfig,
 		"DISABLE_LEADER_ELECTION=true",
@@ -176,6 +176,25 @@ func newWorld(t testing.TB) *world {
 	w.eventually("3 hosts Available", 3*time.Minute, func() (bool, string) { return w.allHosts(v1beta1.HostAvailable) })
 	t.Logf("world ready in %v", time.Since(start).Round(time.Millisecond))
 	return w
+}
+
+// etcHosts writes the controller's /etc/hosts: the machine's and the
+// world's names.
+func (w *world) etcHosts() string {
+	w.t.Helper()
+	var b []byte
+	for _, f := range []string{"/etc/hosts", w.hosts.Inventory().HostsFile} {
+		c, err := os.ReadFile(f)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		b = append(append(b, c...), '\n')
+	}
+	f := filepath.Join(w.t.TempDir(), "etc-hosts") // (not logDir: KPSSH_E2E_LOGS keeps it)
+	if err := os.WriteFile(f, b, 0o644); err != nil {
+		w.t.Fatal(err)
+	}
+	return f
 }
 
 // chartFeatureGates is FEATURE_GATES as the chart sets it by default
@@ -244,26 +263,29 @@ func selected(name string) bool {
 	return false
 }
 
-// createHosts registers the world's hosts (and their SSH key) as the pool.
+// createHosts registers the world's hosts (and their SSH key) as the pool,
+// each reached the way a real fleet's hosts differ (hostLogin).
 func (w *world) createHosts() {
 	w.t.Helper()
 	inv := w.hosts.Inventory()
 	var b strings.Builder
-	for _, h := range inv.Hosts {
+	for i, h := range inv.Hosts {
+		address, port, user, keySecret := hostLogin(i, h)
+		class, cpu := worldClass(i, len(inv.Hosts))
 		fmt.Fprintf(&b, `---
 apiVersion: karpenter.dklesev.github.io/v1beta1
 kind: SSHHost
 metadata:
   name: %s
   namespace: %s
-  labels: {karpenter.dklesev.github.io/host-class: small}
+  labels: {karpenter.dklesev.github.io/host-class: `+class+`}
 spec:
   address: %s
   port: %d
   user: %s
-  sshKeySecretRef: {name: world-key}
-  capacity: {cpu: "2", memory: 2Gi}
-`, h.Name, poolNS, h.Address, h.Port, h.User)
+  sshKeySecretRef: {name: %s}
+  capacity: {cpu: "`+cpu+`", memory: 2Gi}
+`, h.Name, poolNS, address, port, user, keySecret)
 	}
 	f := filepath.Join(w.t.TempDir(), "hosts.yaml")
 	if err := os.WriteFile(f, []byte(b.String()), 0o600); err != nil {
@@ -281,7 +303,46 @@ spec:
 	if err := w.kube.Create(context.Background(), sec); err != nil {
 		w.t.Fatal(err)
 	}
+	// h1's pin: its ed25519 key line, on a host that also serves rsa and
+	// ecdsa keys (Go's client would negotiate ecdsa unasked).
+	pinned := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: poolNS, Name: pinnedKeySecret},
+		Data: map[string][]byte{"privateKey": key, "knownHost": []byte(inv.Hosts[0].HostKey)}}
+	if err := w.kube.Create(context.Background(), pinned); err != nil {
+		w.t.Fatal(err)
+	}
 	w.apply(f)
+}
+
+// pinnedKeySecret is h1's key Secret: the world's key and a knownHost pin.
+const pinnedKeySecret = "world-key-pinned"
+
+// hostLogin is how the pool reaches host i (0-based), the ways real fleets
+// differ: h1 root@IP:22 with its ed25519 key line as the knownHost pin; h2
+// by DNS name (resolved through the world's hosts file, which the
+// controller sees as its /etc/hosts, and every host too: a Job pod on the
+// host network); h3 as a sudoer (AltUser) on sshd's second port; more
+// hosts as the first.
+func hostLogin(i int, h hostenv.Host) (address string, port int, user, keySecret string) {
+	switch i {
+	case 0:
+		return h.Address, h.Port, h.User, pinnedKeySecret
+	case 1:
+		return h.DNSName, h.Port, h.User, "world-key"
+	case 2:
+		return h.Address, h.AltPort, h.AltUser, "world-key"
+	}
+	return h.Address, h.Port, h.User, "world-key"
+}
+
+// worldClass is the host class of host i of n and the vCPUs it declares:
+// the last host is class large (4 vCPUs: twice a small host's price, which
+// is pricePerCPUHour × vCPUs), the others small (2). Cheapest first: a
+// single pod lands on a small host.
+func worldClass(i, n int) (class, cpu string) {
+	if i == n-1 {
+		return "large", "4"
+	}
+	return "small", "2"
 }
 
 // eventually polls cond every 500 ms until it holds or timeout passes.
@@ -427,18 +488,16 @@ type controller struct {
 	env         []string
 	logDir      string
 	metricsPort string // the same at every (re)start
-	cmd         *exec.Cmd
-	done        chan struct{}
-	runs        int
-}
-
-func freePort() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+	// hostsFile is bound over /etc/hosts in the controller's own mount
+	// namespace: the machine's names plus the world's (hostLogin's DNS
+	// name resolves for the controller and the ssh it runs, nowhere else).
+	hostsFile string
+	cmd       *exec.Cmd
+	done      chan struct{}
+	runs      int
+	// hostname, if set: the controller runs in its own UTS namespace with
+	// this host name, as in a pod (leader election's identity starts with it).
+	hostname string
 }
 
 func (c *controller) logPath() string {
@@ -457,9 +516,23 @@ func (c *controller) start() {
 	c.runs++
 	fmt.Fprintf(f, "=== controller start %d at %s\n", c.runs, time.Now().UTC().Format(time.RFC3339Nano))
 	cmd := exec.Command(c.bin)
+	if c.hostsFile != "" || c.hostname != "" {
+		// unshare and sh exec: the controller keeps this pid and process group.
+		args := []string{}
+		if c.hostsFile != "" {
+			args = append(args, "--mount", "--propagation", "private")
+		}
+		if c.hostname != "" {
+			args = append(args, "--uts")
+		}
+		args = append(args, "--", "/bin/sh", "-c",
+			`f=$0 n=$1; shift; { [ -z "$f" ] || mount --bind -o ro "$f" /etc/hosts; } && { [ -z "$n" ] || hostname "$n"; } && exec "$@"`,
+			c.hostsFile, c.hostname, c.bin)
+		cmd = exec.Command("unshare", args...)
+	}
 	cmd.Dir = c.dir // finds playbooks/collections and roles/ from the checkout
 	cmd.Env = append(os.Environ(), c.env...)
-	cmd.Env = append(cmd.Env, "METRICS_PORT="+c.metricsPort, "HEALTH_PROBE_PORT="+freePort())
+	cmd.Env = append(cmd.Env, "METRICS_PORT="+c.metricsPort, "HEALTH_PROBE_PORT="+testenv.MustFreePort(c.t))
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/dklesev/kpssh/internal/controllers/host"
 	driftctl "github.com/dklesev/kpssh/internal/controllers/host/drift"
 	"github.com/dklesev/kpssh/internal/engine"
+	"github.com/dklesev/kpssh/test/testenv"
 )
 
 // promServer is our own prometheus process (Debian's package): its own
@@ -62,7 +63,7 @@ scrape_configs:
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := &promServer{url: "http://127.0.0.1:" + freePort(), dir: dir, log: filepath.Join(logDir, "prometheus.log")}
+	p := &promServer{url: "http://127.0.0.1:" + testenv.MustFreePort(t), dir: dir, log: filepath.Join(logDir, "prometheus.log")}
 	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -272,22 +273,24 @@ func metrics(w *world, st *state) {
 		})
 	}
 	// Behaviour, not just presence: the pool gauge agrees with the API.
-	w.eventually("kpssh_pool_hosts: 3 small hosts Available", time.Minute, func() (bool, string) {
-		r, err := p.query(`kpssh_pool_hosts{state="Available",class="small"}`)
-		if err != nil {
-			return false, err.Error()
-		}
-		return len(r) == 1 && r[0].value() == "3", fmt.Sprintf("%v", r)
-	})
-	// The 3 Available small hosts have a probe time, and a recent one
-	// (PROBE_INTERVAL is 3s).
-	w.eventually("kpssh_host_last_probe_timestamp_seconds: ≥ 3 small hosts probed in the last 5m", time.Minute, func() (bool, string) {
-		r, err := p.query(`count(time() - kpssh_host_last_probe_timestamp_seconds{class="small"} < 300) >= 3`)
-		if err != nil {
-			return false, err.Error()
-		}
-		return len(r) == 1, fmt.Sprintf("%v", r)
-	})
+	// Per class: the world has 2 small hosts and 1 large one.
+	for class, n := range map[string]string{"small": "2", "large": "1"} {
+		w.eventually("kpssh_pool_hosts: "+n+" "+class+" hosts Available", time.Minute, func() (bool, string) {
+			r, err := p.query(`kpssh_pool_hosts{state="Available",class="` + class + `"}`)
+			if err != nil {
+				return false, err.Error()
+			}
+			return len(r) == 1 && r[0].value() == n, fmt.Sprintf("%v", r)
+		})
+		// They have a probe time, and a recent one (PROBE_INTERVAL is 3s).
+		w.eventually("kpssh_host_last_probe_timestamp_seconds: "+n+" "+class+" hosts probed in the last 5m", time.Minute, func() (bool, string) {
+			r, err := p.query(`count(time() - kpssh_host_last_probe_timestamp_seconds{class="` + class + `"} < 300) >= ` + n)
+			if err != nil {
+				return false, err.Error()
+			}
+			return len(r) == 1, fmt.Sprintf("%v", r)
+		})
+	}
 	if r, err := p.query(`sum(max_over_time(kpssh_instance_phase_duration_seconds_count{phase="join",outcome="Succeeded"}[1h]))`); err != nil || len(r) != 1 || r[0].value() == "0" {
 		w.t.Errorf("succeeded joins: %v %v, want ≥ 1", r, err)
 	}

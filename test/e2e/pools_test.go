@@ -28,6 +28,9 @@ import (
 // disrupted at once (Karpenter's count: draining or leaving), one new
 // NodeClaim per node (none launched without a host to take); at the end
 // only new claims, every host InUse with the new version, none Claimed.
+// The hosts are of two classes (two small, one large): each claim holds a
+// slot of its class's reservation, and terminate-first works per
+// reservation.
 func fullPool(w *world, _ *state) {
 	ctx := context.Background()
 	n := len(w.hosts.Hosts())
@@ -41,12 +44,19 @@ func fullPool(w *world, _ *state) {
 	w.eventually(fmt.Sprintf("all %d hosts joined, a pause pod on each", n), 10*time.Minute, func() (bool, string) { return w.allJoined(n, w.profile+"@") })
 	w.t.Logf("pool full %v after scale %d", time.Since(start).Round(100*time.Millisecond), n)
 	old := map[string]string{} // NodeClaim → its host (the Node's name)
+	classes := map[string]int{}
 	for _, c := range w.nodeClaims() {
-		if c.Labels[karpv1.CapacityTypeLabelKey] != karpv1.CapacityTypeReserved || c.Labels[v1beta1.LabelReservationID] != v1beta1.ReservationID("pool", "small") {
-			w.t.Errorf("NodeClaim %s launched as %q, reservation %q: want reserved, %s (terminate-first needs a slot of the reservation)",
-				c.Name, c.Labels[karpv1.CapacityTypeLabelKey], c.Labels[v1beta1.LabelReservationID], v1beta1.ReservationID("pool", "small"))
+		// Each holds a slot of its own class's reservation.
+		class := c.Labels[corev1.LabelInstanceTypeStable]
+		classes[class]++
+		if want := v1beta1.ReservationID("pool", class); c.Labels[karpv1.CapacityTypeLabelKey] != karpv1.CapacityTypeReserved || c.Labels[v1beta1.LabelReservationID] != want {
+			w.t.Errorf("NodeClaim %s (%s) launched as %q, reservation %q: want reserved, %s (terminate-first needs a slot of the reservation)",
+				c.Name, class, c.Labels[karpv1.CapacityTypeLabelKey], c.Labels[v1beta1.LabelReservationID], want)
 		}
 		old[c.Name] = c.Status.NodeName
+	}
+	if classes["small"] != n-1 || classes["large"] != 1 {
+		w.t.Errorf("NodeClaims per class %v, want every host's: %d small, 1 large", classes, n-1)
 	}
 	terminateFirst := func() float64 {
 		return w.metricSum("karpenter_voluntary_disruption_terminate_first_decisions_total",

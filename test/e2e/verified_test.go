@@ -53,12 +53,15 @@ type verifiedRun struct {
 	w                    *world
 	i                    int    // hostenv index of the verified host
 	name                 string // its SSHHost name
+	class                string // its host class before it became class verified
 	dir                  string
 	kpssh                string // the kpssh CLI built from this checkout
 	login, signer, rogue sigKey
 	goodProfile          string            // file: the profile signed by signer
 	rogueProfile         string            // file: the same profile signed by rogue
 	issued               map[string]string // phase → issued-at of signer's manifests
+
+	login0 v1beta1.SSHHostSpec // the host's spec before: restore puts its login back
 }
 
 // verified: one pool host is provisioned as a Verified host the shipped way
@@ -79,8 +82,8 @@ type verifiedRun struct {
 //   - the profile's leave manifest expires under the running node: the
 //     node class says so (SignaturesExpiring), and scale 0 leaves through
 //     the host's provisioned fallback leave (LeaveFallback), Available;
-//   - the host goes back to Raw (user root) and is de-provisioned, so later
-//     scenarios see three plain hosts.
+//   - the host goes back to Raw (its own login again) and is de-provisioned,
+//     so later scenarios see the world's three hosts as they were.
 func verified(w *world, _ *state) {
 	v := &verifiedRun{w: w, dir: w.t.TempDir()}
 	v.i = len(w.hosts.Hosts()) - 1
@@ -268,6 +271,8 @@ func (v *verifiedRun) switchHost() {
 		w.t.Fatal(err)
 	}
 	before := v.kpsshLogins()
+	v.login0 = w.sshHost(v.name).Spec
+	v.class = w.sshHost(v.name).Labels[v1beta1.LabelHostClass]
 	v.patchHost(map[string]any{
 		"metadata": map[string]any{"labels": map[string]string{"karpenter.dklesev.github.io/host-class": "verified"}},
 		"spec": map[string]any{"user": "kpssh", "sshKeySecretRef": map[string]string{"name": "verified-login"},
@@ -642,7 +647,7 @@ func (v *verifiedRun) events(ns, object, reason string) string {
 }
 
 // restore removes the verified pool and makes the host a plain Raw pool
-// host again (user root, the world's key, class small), de-provisioned.
+// host again (its login and class before), de-provisioned.
 func (v *verifiedRun) restore() {
 	w := v.w
 	w.t.Helper()
@@ -651,8 +656,8 @@ func (v *verifiedRun) restore() {
 	}
 	w.mustKubectl("delete", "sshjoinprofile", verifiedProfile)
 	v.patchHost(map[string]any{
-		"metadata": map[string]any{"labels": map[string]string{"karpenter.dklesev.github.io/host-class": "small"}},
-		"spec": map[string]any{"user": "root", "sshKeySecretRef": map[string]string{"name": "world-key"},
+		"metadata": map[string]any{"labels": map[string]string{"karpenter.dklesev.github.io/host-class": v.class}},
+		"spec": map[string]any{"user": v.login0.User, "sshKeySecretRef": map[string]string{"name": v.login0.SSHKeySecretRef.Name},
 			"execMode": "Raw", "trustedSigners": nil},
 	})
 	v.probedAvailable(v.name + " probed Available as a Raw host again")

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -83,8 +84,18 @@ func TestWorld(t *testing.T) {
 			if want := prefix + strconv.Itoa(11+i); h.Address != want {
 				t.Errorf("%s address %q, want %q", h.Name, h.Address, want)
 			}
-			if h.Port != 22 || h.User != "root" {
-				t.Errorf("%s port/user %d/%q, want 22/root", h.Name, h.Port, h.User)
+			if h.Port != 22 || h.User != "root" || h.AltPort != 2222 || h.AltUser != "admin" {
+				t.Errorf("%s port/user %d/%q, alt %d/%q, want 22/root, 2222/admin", h.Name, h.Port, h.User, h.AltPort, h.AltUser)
+			}
+			if want := fmt.Sprintf("h%d.%s.kpssh.test", i+1, inv.Tag); h.DNSName != want {
+				t.Errorf("%s dnsName %q, want %q", h.Name, h.DNSName, want)
+			}
+			var types []string
+			for _, k := range h.HostKeys {
+				types = append(types, strings.Fields(k)[0])
+			}
+			if want := []string{"ssh-rsa", "ecdsa-sha2-nistp256", "ssh-ed25519"}; !slices.Equal(types, want) || h.HostKeys[2] != h.HostKey {
+				t.Errorf("%s hostKeys of types %v (last %q), want %v, the last hostKey %q", h.Name, types, h.HostKeys[len(h.HostKeys)-1], want, h.HostKey)
 			}
 			if h.PID <= 1 {
 				t.Errorf("%s pid %d", h.Name, h.PID)
@@ -194,6 +205,52 @@ echo "overcommit=$(cat /proc/sys/vm/overcommit_memory)"`
 		}
 		if !strings.Contains(stderr, "verification failed") && !strings.Contains(stderr, "IDENTIFICATION HAS CHANGED") {
 			t.Errorf("ssh failed for another reason: %s", stderr)
+		}
+	})
+
+	// A fleet, not a lab: each host serves the three keys of a stock Debian
+	// install, lets a second login (AltUser, AltPort) become root through
+	// sudo, and resolves every host of the world by name, which the machine
+	// does not (only a process given HostsFile as its /etc/hosts does).
+	t.Run("stock hosts", func(t *testing.T) {
+		w := w.WithT(t)
+		for i, h := range hosts {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			out, err := exec.CommandContext(ctx, "ssh-keyscan", "-T", "10", "-t", "rsa,ecdsa,ed25519", h.Address).Output()
+			cancel()
+			var served []string
+			for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				if f := strings.Fields(l); len(f) == 3 && f[0] == h.Address {
+					served = append(served, f[1]+" "+f[2])
+				}
+			}
+			sort.Strings(served)
+			want := slices.Sorted(slices.Values(h.HostKeys))
+			if err != nil || !slices.Equal(served, want) {
+				t.Errorf("%s: sshd serves %q (%v), want the inventory's %q", h.Name, served, err, want)
+			}
+			ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+			alt, err := exec.CommandContext(ctx, "ssh", append(w.AltSSHArgs(i), "--", "id -un; sudo -n id -un")...).Output()
+			cancel()
+			if got := strings.TrimSpace(string(alt)); got != "admin\nroot" || err != nil {
+				t.Errorf("%s: as %s on port %d, id -un; sudo -n id -un = %q (%v), want admin, root", h.Name, h.AltUser, h.AltPort, got, exitStderr(err))
+			}
+			other := hosts[(i+1)%len(hosts)]
+			if got := w.MustRun(i, "getent hosts "+other.DNSName+" | awk '{print $1}'"); got != other.Address {
+				t.Errorf("%s resolves %s to %q, want %s", h.Name, other.DNSName, got, other.Address)
+			}
+		}
+		b, err := os.ReadFile(inv.HostsFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hosts {
+			if !strings.Contains(string(b), h.Address+"\t"+h.DNSName+"\n") {
+				t.Errorf("hostsFile %s has no line %s %s", inv.HostsFile, h.Address, h.DNSName)
+			}
+			if out, err := exec.Command("getent", "hosts", h.DNSName).CombinedOutput(); err == nil {
+				t.Errorf("the machine resolves %s: %s (the world's names are for who asks for them)", h.DNSName, out)
+			}
 		}
 	})
 
@@ -377,11 +434,11 @@ systemctl start `+startedUnit)
 		if now.PID == old.PID || now.PID <= 1 {
 			t.Errorf("PID 1 after reboot %d (before %d)", now.PID, old.PID)
 		}
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", old.PID)); err == nil && processIsOurs(old.PID, old.Machine) {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", old.PID)); err == nil && hostenv.ProcessIsOurs(old.PID, old.Machine) {
 			t.Errorf("old PID 1 %d still alive", old.PID)
 		}
-		if now.HostKey != old.HostKey {
-			t.Errorf("host key changed across reboot")
+		if now.HostKey != old.HostKey || !slices.Equal(now.HostKeys, old.HostKeys) {
+			t.Errorf("host keys changed across reboot")
 		}
 		if got := w.MustRun(0, "cat /etc/machine-id"); got != oldID {
 			t.Errorf("machine-id changed across reboot: %q -> %q", oldID, got)
@@ -404,6 +461,11 @@ systemctl start `+startedUnit)
 		now := w.Host(0)
 		if now.HostKey == old.HostKey || now.Fingerprint == old.Fingerprint {
 			t.Errorf("host key unchanged by wipe")
+		}
+		for _, k := range now.HostKeys {
+			if slices.Contains(old.HostKeys, k) {
+				t.Errorf("host key %.30s… unchanged by wipe", k)
+			}
 		}
 		if got := w.MustRun(0, "cut -d' ' -f1,2 /etc/ssh/ssh_host_ed25519_key.pub"); got != now.HostKey {
 			t.Errorf("h1 serves key %q, inventory says %q", got, now.HostKey)
@@ -543,7 +605,7 @@ systemctl start `+startedUnit)
 	}
 	t.Run("down leaves nothing", func(t *testing.T) {
 		w := w.WithT(t)
-		assertWorldGone(t, final)
+		hostenv.AssertGone(t, final)
 		after := snapshotMachine(t)
 		for _, k := range guardedSysctls {
 			if before.sysctls[k] != after.sysctls[k] {
@@ -721,17 +783,10 @@ func sysctl(t *testing.T, key string) string {
 
 func cgroupRoots(t *testing.T) []string {
 	t.Helper()
-	var roots []string
-	for _, l := range readLines(t, "/proc/self/mounts") {
-		f := strings.Fields(l)
-		if len(f) > 2 && (f[2] == "cgroup" || f[2] == "cgroup2") {
-			roots = append(roots, f[1])
-		}
+	roots, err := hostenv.CgroupRoots()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(roots) == 0 {
-		t.Fatal("no cgroup hierarchies mounted")
-	}
-	sort.Strings(roots)
 	return roots
 }
 
@@ -825,91 +880,13 @@ func waitFor(t *testing.T, d time.Duration, f func() error) {
 	}
 }
 
-func processIsOurs(pid int, machine string) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	return err == nil && strings.Contains(string(b), "/kpssh-") && strings.Contains(machine, "kpssh-")
-}
-
-// assertWorldGone checks that no netns, cgroup, link, mount, process or
-// state of the world is left on the machine.
-func assertWorldGone(t *testing.T, inv hostenv.Inventory) {
-	t.Helper()
-	if inv.Tag == "" {
-		t.Fatal("inventory has no tag")
+// exitStderr is err with the stderr of a failed exec.Cmd.Output.
+func exitStderr(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return fmt.Sprintf("%v: %s", err, strings.TrimSpace(string(ee.Stderr)))
 	}
-	// netns
-	if ents, err := os.ReadDir("/run/netns"); err == nil {
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), "kpssh-"+inv.Tag) {
-				t.Errorf("netns %s left", e.Name())
-			}
-		}
-	}
-	out, _ := exec.Command("ip", "netns", "list").Output()
-	if strings.Contains(string(out), "kpssh-"+inv.Tag) {
-		t.Errorf("ip netns list still shows the world:\n%s", out)
-	}
-	// links: bridge and veths
-	ents, err := os.ReadDir("/sys/class/net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if e.Name() == inv.Bridge || strings.HasPrefix(e.Name(), "kpv"+inv.Tag) {
-			t.Errorf("link %s left", e.Name())
-		}
-	}
-	for _, h := range inv.Hosts {
-		if _, err := net.InterfaceByName(h.Veth); err == nil {
-			t.Errorf("veth %s left", h.Veth)
-		}
-	}
-	// addresses: nobody holds the bridge address any more
-	addrs, _ := net.InterfaceAddrs()
-	for _, a := range addrs {
-		if strings.HasPrefix(a.String(), inv.BridgeAddress+"/") {
-			t.Errorf("bridge address %s still assigned", a)
-		}
-	}
-	// cgroups, in every hierarchy
-	for _, root := range cgroupRoots(t) {
-		if _, err := os.Stat(filepath.Join(root, inv.Cgroup)); !os.IsNotExist(err) {
-			t.Errorf("cgroup %s%s left (%v)", root, inv.Cgroup, err)
-		}
-	}
-	// mounts and processes, in every mount namespace
-	procs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, p := range procs {
-		pid := filepath.Base(p)
-		if mi, err := os.ReadFile(p + "/mountinfo"); err == nil {
-			if strings.Contains(string(mi), inv.StateDir+"/") || strings.Contains(string(mi), "/kpssh-"+inv.Tag+"-h") {
-				t.Errorf("pid %s still has a mount of the world (%s, netns kpssh-%s-*)", pid, inv.StateDir, inv.Tag)
-			}
-		}
-		if cg, err := os.ReadFile(p + "/cgroup"); err == nil && strings.Contains(string(cg), inv.Cgroup+"/") {
-			t.Errorf("pid %s is still in the world's cgroup:\n%s", pid, cg)
-		}
-		if cl, err := os.ReadFile(p + "/cmdline"); err == nil {
-			s := strings.ReplaceAll(string(cl), "\x00", " ")
-			if strings.Contains(s, "kpssh-"+inv.Tag+"-h") || strings.Contains(s, inv.StateDir) {
-				t.Errorf("process %s of the world left: %s", pid, s)
-			}
-		}
-	}
-	for _, h := range inv.Hosts {
-		if h.PID > 0 {
-			if _, err := os.Stat(fmt.Sprintf("/proc/%d", h.PID)); err == nil && processIsOurs(h.PID, h.Machine) {
-				t.Errorf("%s PID 1 %d still alive", h.Name, h.PID)
-			}
-		}
-		if _, err := os.Stat("/run/systemd/nspawn/propagate/" + h.Machine); err == nil {
-			t.Errorf("nspawn propagate dir of %s left", h.Machine)
-		}
-	}
-	// state
-	if _, err := os.Stat(inv.StateDir); !os.IsNotExist(err) {
-		t.Errorf("state dir %s left (%v)", inv.StateDir, err)
-	}
+	return fmt.Sprint(err)
 }
 
 func mustPrereqs(t *testing.T) {
@@ -982,7 +959,7 @@ except OSError as e:
 		if err := w.Down(); err != nil {
 			t.Fatal(err)
 		}
-		assertWorldGone(t, inv)
+		hostenv.AssertGone(t, inv)
 	}
 }
 

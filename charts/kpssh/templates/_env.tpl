@@ -84,12 +84,18 @@ Deployment appends extraEnv and refuses names that are already here.
   value: {{ $ctx.Values.leaderElection.name | quote }}
 - name: LEADER_ELECTION_NAMESPACE
   value: {{ $ctx.Release.Namespace | quote }}
-{{- if $ctx.Values.resources.limits }}{{- if $ctx.Values.resources.limits.memory }}
+{{- /* Karpenter core sets Go's soft memory limit to 90 % of MEMORY_LIMIT.
+From the request, not the limit: the GC returns the start's burst and keeps
+the heap near what the scheduler reserved; the container limit stays the
+hard stop (and room for the local executor's ansible-playbook children).
+Only a limit set: Kubernetes makes the request equal to it. */}}
+{{- $res := $ctx.Values.resources | default dict }}
+{{- if or (dig "requests" "memory" "" $res) (dig "limits" "memory" "" $res) }}
 - name: MEMORY_LIMIT
   valueFrom:
     resourceFieldRef:
       containerName: controller
-      resource: limits.memory
+      resource: requests.memory
       divisor: "0"
-{{- end }}{{- end }}
+{{- end }}
 {{- end -}}

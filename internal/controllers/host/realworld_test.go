@@ -169,7 +169,8 @@ func TestHostControllerAgainstRealHosts(t *testing.T) {
 		}
 	}
 	mkSecret("world-key", map[string][]byte{"privateKey": key})
-	// Host 2 is pre-pinned through the Secret's knownHost (a public-key line).
+	// Host 2 is pre-pinned through the Secret's knownHost: its ed25519 key line,
+	// while it also serves rsa and ecdsa keys (a stock host: issue 17 defect 1).
 	mkSecret("pinned-key", map[string][]byte{"privateKey": key, "knownHost": []byte(w.Host(2).HostKey)})
 	for i, hh := range w.Hosts() {
 		h := hostFor(ns, hh)

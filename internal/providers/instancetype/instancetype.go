@@ -21,6 +21,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/sets"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	"sigs.k8s.io/karpenter/pkg/cloudprovider"
 	"sigs.k8s.io/karpenter/pkg/scheduling"
@@ -36,7 +37,10 @@ const Zone = "pool"
 var CapacityTypes = []string{karpv1.CapacityTypeReserved, karpv1.CapacityTypeOnDemand}
 
 // Karpenter core learns the reservation label from its provider through
-// package variables (as every provider sets them).
+// package variables (as every provider sets them). The managed label is
+// not made well known: Karpenter names a node metric label after each
+// well-known label's last segment, and "managed" is one of its own (the
+// controller would panic at start).
 func init() {
 	karpv1.WellKnownLabels.Insert(v1beta1.LabelReservationID)
 	cloudprovider.ReservationIDLabel = v1beta1.LabelReservationID
@@ -138,6 +142,10 @@ func New(c Class, nc *v1beta1.SSHNodeClass) (*cloudprovider.InstanceType, error)
 			scheduling.NewRequirement(corev1.LabelOSStable, corev1.NodeSelectorOpIn, string(corev1.Linux)),
 			scheduling.NewRequirement(corev1.LabelTopologyZone, corev1.NodeSelectorOpIn, Zone),
 			scheduling.NewRequirement(karpv1.CapacityTypeLabelKey, corev1.NodeSelectorOpIn, CapacityTypes...),
+			// Every node kpssh launches carries it (the kubelet's labels):
+			// Karpenter then never launches one for a pod that must not run
+			// on a kpssh node (the chart's controller, affinity DoesNotExist).
+			scheduling.NewRequirement(v1beta1.LabelManaged, corev1.NodeSelectorOpIn, "true"),
 		),
 		Offerings: cloudprovider.Offerings{{
 			Requirements: scheduling.NewRequirements(
@@ -176,7 +184,17 @@ func New(c Class, nc *v1beta1.SSHNodeClass) (*cloudprovider.InstanceType, error)
 // aborted with it). The offering stays listed, unavailable, so that nodes
 // the NodePool launched on-demand before are not drifted (Karpenter's
 // InstanceTypeNotFound).
+//
+// A static NodePool (spec.replicas) schedules no pods, so its types drop
+// the managed requirement: Karpenter's terminate-first for static drift
+// checks a type against the NodePool's template allowing only well-known
+// labels undefined, and the managed label is not one (AllowUndefined).
 func ForNodePool(its []*cloudprovider.InstanceType, np *karpv1.NodePool) {
+	if np.Spec.Replicas != nil {
+		for _, it := range its {
+			delete(it.Requirements, v1beta1.LabelManaged)
+		}
+	}
 	reqs := scheduling.NewNodeSelectorRequirementsWithMinValues(np.Spec.Template.Spec.Requirements...)
 	if !reqs.Get(karpv1.CapacityTypeLabelKey).Has(karpv1.CapacityTypeReserved) {
 		return
@@ -188,6 +206,14 @@ func ForNodePool(its []*cloudprovider.InstanceType, np *karpv1.NodePool) {
 			}
 		}
 	}
+}
+
+// AllowUndefined is Karpenter's scheduling.AllowUndefinedWellKnownLabels
+// plus the managed label, for checking a type's requirements against a
+// NodeClaim's: every type requires managed=true, a NodeClaim names the
+// label only when a pod did.
+func AllowUndefined(o *scheduling.CompatibilityOptions) {
+	o.AllowUndefined = karpv1.WellKnownLabels.Union(sets.New(v1beta1.LabelManaged))
 }
 
 // Launched is it as a node of it launches for a NodeClaim of requirements

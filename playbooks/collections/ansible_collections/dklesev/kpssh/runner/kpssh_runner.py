@@ -46,9 +46,11 @@ Until it has its run, the process owns RUN_DIR (only ansible.cfg and empty
 temp dirs in it): when its parent dies (SIGTERM as parent-death signal, set
 here too, so that it holds under a sandbox that sets its own) or stdin
 closes empty, it removes RUN_DIR and exits 0 — an idle runner leaves
-nothing behind. With its run, the parent-death signal is SIGKILL again, as
-for a cold ``ansible-playbook`` (the engine's restart sweep removes a
-killed run's directory).
+nothing behind. With its run (warm or cold), the parent's death ends the
+whole run: its process group, the ssh ControlPersist master, the contents of
+RUN_DIR (_end_run; the engine's restart sweep removes the directory) — a
+controller killed mid-phase (OOM, SIGKILL, a lost leader outside a pod)
+leaves no ansible worker or ssh behind.
 """
 import atexit
 import gc
@@ -98,6 +100,68 @@ def _idle_until_run(run_dir):
     if os.getppid() != ppid:  # died before the signal was armed
         leave()
     return ppid, leave
+
+
+# The parent-death signal of a runner with its run: caught, so that the
+# run's other processes die too (SIGKILL as parent-death signal would end
+# this process alone). The engine itself never sends it.
+PARENT_DEATH = signal.SIGUSR2
+
+
+def _proc_stat(pid):
+    """(state, pgrp) of pid from /proc, or None."""
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+        return fields[0], int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _end_run(run_dir):
+    """What the engine would do after a run it can no longer finish: kill
+    the run's process group (ansible's workers and their ssh clients: no
+    task starts another connection), then every process naming run_dir
+    (the ssh ControlPersist master daemonized into a session of its own;
+    its title is "ssh: RUN_DIR/cm [mux]"), then empty run_dir (the SSH key,
+    the secrets; under the sandbox the directory itself stays for the
+    engine's restart sweep), and exit 137 as a SIGKILLed run would."""
+    me, pgrp = os.getpid(), os.getpgrp()
+    # the directory as a whole path element: not another run's whose name
+    # merely starts with it
+    needles = (run_dir.encode() + b'/', run_dir.encode() + b'\0')
+    for sweep in ('group', 'mentioning'):
+        for name in os.listdir('/proc'):
+            if not name.isdigit() or int(name) == me:
+                continue
+            pid = int(name)
+            st = _proc_stat(pid)
+            if st is None or st[0] == 'Z':
+                continue
+            if sweep == 'group':
+                hit = st[1] == pgrp
+            else:
+                try:
+                    with open('/proc/%d/cmdline' % pid, 'rb') as f:
+                        cmd = f.read()
+                    hit = any(n in cmd for n in needles)
+                except OSError:
+                    hit = False
+            if hit:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os._exit(137)
+
+
+def _die_with_parent(ppid, run_dir):
+    """Arm PARENT_DEATH: the run ends with the engine (_end_run)."""
+    signal.signal(PARENT_DEATH, lambda signum, frame: _end_run(run_dir))
+    _parent_death_signal(PARENT_DEATH)
+    if os.getppid() != ppid:  # died before the signal was armed
+        _end_run(run_dir)
 
 
 def _gone(pid, within=2.0):
@@ -367,14 +431,10 @@ def main():
         except _sandbox.SandboxError as e:
             _sandbox_fail(e)
     if not cold:
-        # The run's directory is the engine's from here (its secrets are
-        # written before the request): die with the parent as a cold run
-        # would.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _parent_death_signal(signal.SIGKILL)
-        if os.getppid() != ppid:  # nobody is left to run it or clean up after it
-            shutil.rmtree(run_dir, ignore_errors=True)
-            os._exit(137)
+    # The run's directory is the engine's from here (its secrets are written
+    # before the request); if the engine dies, the run dies with it.
+    _die_with_parent(ppid, run_dir)
     fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(fd, 0)
     os.close(fd)
