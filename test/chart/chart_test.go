@@ -975,14 +975,20 @@ func serviceMonitorCRD() *apiextensionsv1.CustomResourceDefinition {
 // eventually polls cond with a generous bound (loaded CI machines).
 func eventually(t *testing.T, what string, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	eventuallyWithin(t, what, 2*time.Minute, cond)
+}
+
+// eventuallyWithin: cond's error says why it is not true yet.
+func eventuallyWithin(t *testing.T, what string, d time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for {
 		ok, err := cond()
 		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 2m (last error %v)", what, err)
+			t.Fatalf("%s: not within %v (last: %v)", what, d, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

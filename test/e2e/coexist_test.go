@@ -144,7 +144,7 @@ func coexistence(w *world, st *state) {
 		var s []string
 		for _, c := range w.nodeClaims() {
 			if ownClaim(&c) {
-				s = append(s, "claim "+c.Name)
+				s = append(s, "claim "+w.describeClaim(&c))
 			}
 		}
 		for _, n := range w.nodes() {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	karpv1 "sigs.k8s.io/karpenter/pkg/apis/v1"
 	karpcp "sigs.k8s.io/karpenter/pkg/cloudprovider"
@@ -324,7 +325,7 @@ func (w *world) allLeftBut(what, keep string) {
 		}
 		for _, c := range w.nodeClaims() {
 			if c.Name != keepClaim {
-				return false, "NodeClaim " + c.Name + " left"
+				return false, "NodeClaim left: " + w.describeClaim(&c)
 			}
 		}
 		for _, n := range w.nodes() {
@@ -349,6 +350,47 @@ func (w *world) allLeftBut(what, keep string) {
 		tk := w.tokens()
 		return len(tk) == 0, strings.Join(tk, " ")
 	})
+}
+
+// describeClaim says why a NodeClaim may still be there: deleting or not,
+// its disruption conditions, its Node's taints and the pods on it.
+func (w *world) describeClaim(c *karpv1.NodeClaim) string {
+	w.t.Helper()
+	s := c.Name
+	if c.DeletionTimestamp != nil {
+		s += fmt.Sprintf(" deleting since %s (finalizers %v)", c.DeletionTimestamp.Format(time.TimeOnly), c.Finalizers)
+	}
+	for _, t := range []string{karpv1.ConditionTypeInitialized, karpv1.ConditionTypeConsolidatable, karpv1.ConditionTypeDrifted, karpv1.ConditionTypeDisruptionReason} {
+		if cond := c.StatusConditions().Get(t); cond != nil {
+			s += fmt.Sprintf(" %s=%s", t, cond.Status)
+			if cond.Reason != "" && cond.Reason != t {
+				s += "(" + cond.Reason + ")"
+			}
+		}
+	}
+	if c.Status.NodeName == "" {
+		return s + " (no node)"
+	}
+	node := &corev1.Node{}
+	if err := w.kube.Get(context.Background(), types.NamespacedName{Name: c.Status.NodeName}, node); err != nil {
+		return s + fmt.Sprintf(" node %s: %v", c.Status.NodeName, err)
+	}
+	var taints []string
+	for _, t := range node.Spec.Taints {
+		taints = append(taints, t.Key+":"+string(t.Effect))
+	}
+	s += fmt.Sprintf(" node %s ready=%v deleting=%v taints=%v", node.Name, nodeReady(node), node.DeletionTimestamp != nil, taints)
+	pods := &corev1.PodList{}
+	if err := w.kube.List(context.Background(), pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+		return s + fmt.Sprintf(" pods: %v", err)
+	}
+	for _, p := range pods.Items {
+		s += fmt.Sprintf(" pod %s/%s %s", p.Namespace, p.Name, p.Status.Phase)
+		if p.DeletionTimestamp != nil {
+			s += " deleting"
+		}
+	}
+	return s
 }
 
 func scaleUp(w *world, st *state) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -365,7 +366,7 @@ func (w *world) eventually(what string, timeout time.Duration, cond func() (bool
 		}
 		last = s
 		if time.Now().After(deadline) {
-			w.t.Fatalf("timed out after %v waiting for %s; last: %s (controller log: %s)", timeout, what, last, w.ctrl.logPath())
+			w.t.Fatalf("timed out after %v waiting for %s; last: %s (controller log: %s)\n%s", timeout, what, last, w.ctrl.logPath(), w.ctrl.logExcerpt(40))
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -505,6 +506,30 @@ func (c *controller) logPath() string {
 		return "(not started)"
 	}
 	return filepath.Join(c.logDir, "controller.log")
+}
+
+// logExcerpt: the controller log's last n lines that say what Karpenter
+// and kpssh decided (errors, disruption, phases, NodeClaim life cycle), for
+// a failure's output: CI keeps only what the test prints, not the temp dir.
+func (c *controller) logExcerpt(n int) string {
+	if c == nil {
+		return ""
+	}
+	b, err := os.ReadFile(c.logPath())
+	if err != nil {
+		return fmt.Sprintf("controller log: %v", err)
+	}
+	interesting := regexp.MustCompile(`"level":"(ERROR|WARN)"|(?i)disrupt|consolidat|"phase|leave|terminat|launched|registered|initialized|deleting|"message":"(created|deleted)`)
+	var keep []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if interesting.MatchString(l) {
+			keep = append(keep, tail(l, 400))
+		}
+	}
+	if len(keep) > n {
+		keep = keep[len(keep)-n:]
+	}
+	return "controller log, last interesting lines:\n  " + strings.Join(keep, "\n  ")
 }
 
 func (c *controller) start() {
