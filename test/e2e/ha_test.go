@@ -93,6 +93,7 @@ func (w *world) leader(reps []*controller, not *controller) *controller {
 // and nothing of the killed replica's children (ansible-playbook, its
 // workers, ssh and the ControlPersist master) left on this machine.
 func highAvailability(w *world, st *state) {
+	w.fromNothing("HA")
 	w.ctrl.stop()
 	reps := w.replicas("kpssh-ha-a", "kpssh-ha-b")
 	defer func() {
@@ -183,8 +184,7 @@ func (w *world) gateContainerd(on bool) {
 	const dropin = "/etc/systemd/system/containerd.service.d/99-e2e-gate.conf"
 	cmd := "touch " + containerdGate + " && rm -f " + dropin + " && systemctl daemon-reload"
 	if on {
-		// (and stopped on the Available hosts, so that the join starts it)
-		cmd = "systemctl stop kubelet.service containerd.service 2>/dev/null; rm -f " + containerdGate + " && mkdir -p " + filepath.Dir(dropin) + " && printf '[Service]\\nTimeoutStartSec=10min\\nExecStartPre=/bin/sh -c \"until [ -e " + containerdGate + " ]; do sleep 0.1; done\"\\n' >" + dropin + " && systemctl daemon-reload"
+		cmd = "rm -f " + containerdGate + " && mkdir -p " + filepath.Dir(dropin) + " && printf '[Service]\\nTimeoutStartSec=10min\\nExecStartPre=/bin/sh -c \"until [ -e " + containerdGate + " ]; do sleep 0.1; done\"\\n' >" + dropin + " && systemctl daemon-reload"
 	}
 	w.onEveryHost(cmd)
 }

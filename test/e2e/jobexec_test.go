@@ -215,7 +215,7 @@ func jobExec(w *world, st *state) {
 
 	restored = true
 	jw := &jobWorld{node: a.Name, img: img, ns: jobNS, local: local}
-	if selected("CrashResumeRoles") {
+	if runs("CrashResumeRoles") {
 		// The next scenario crashes phase Jobs on this very setup.
 		st.jobs = jw
 		return
