@@ -904,7 +904,6 @@ func decide(f facts, red *Redactor) Result {
 
 func decideRaw(f facts, red *Redactor) Result {
 	res := Result{ExitCode: f.exitCode, Touched: f.sum.Reached, AnsibleVersion: f.sum.AnsibleVersion, Changes: changes(f.sum.Changed, red)}
-	stderr := strings.TrimSpace(red.RedactTail(f.stderr, f.stderrCut))
 	// The connect check inside the script task (connect_check) says in
 	// result_file whether the session was established: it decides Touched
 	// where the event stream cannot (no_log censors the script task's
@@ -913,103 +912,117 @@ func decideRaw(f facts, red *Redactor) Result {
 	if known {
 		res.Touched = connected
 	}
-
-	if f.interrupted != "" {
-		res.Outcome = TimedOut
-		res.FailedTask = f.sum.LastTask
-		if f.connectInTask && f.sum.LastTaskInternal == internalScript && !connected {
-			// the script task had not got past its connect check: report
-			// the step as the separate connect task was reported
-			res.FailedTask = connectTaskName
-		}
-		if f.interrupted == "timeout" {
-			res.Message = fmt.Sprintf("phase timed out after %s", f.timeout)
-		} else {
-			res.Message = fmt.Sprintf("phase interrupted: %v", f.ctxErr)
-		}
-		if res.FailedTask != "" {
-			res.Message += fmt.Sprintf(" during task %q", res.FailedTask)
-		}
-		res.Message += "; ansible-playbook was terminated"
-		return res
-	}
-	if !f.sum.Started {
-		res.Outcome = ConfigError
-		res.Touched = false
-		res.Message = fmt.Sprintf("ansible-playbook could not run the phase (exit %d): %s", f.exitCode, ansibleErrorText(stderr))
-		return res
-	}
-	if ev := f.sum.Failed; ev != nil {
-		res.Outcome = Failed
-		res.FailedTask = ev.Task
-		if ev.RC != nil {
-			res.RC = *ev.RC
-		}
-		details := eventDetails(ev, red)
-		if ev.Internal == internalScript && f.script != nil {
-			if f.script.RC != nil {
-				res.RC = *f.script.RC
-			}
-			details = scriptDetails(f.script, red)
-		}
-		head := fmt.Sprintf("task %q failed", ev.Task)
-		if ev.RC != nil || (ev.Internal == internalScript && f.script != nil && f.script.RC != nil) {
-			head += fmt.Sprintf(" (rc=%d)", res.RC)
-		}
-		internal := ev.Internal
-		if internal == internalScript && f.script != nil && f.script.ConnectRC != nil {
-			// the in-task connect check failed: report it as the connect
-			// task it replaces
-			internal, res.FailedTask = internalConnect, connectTaskName
-		}
-		if internal == internalConnect {
-			head = "connect check failed on the host (rc=" + strconv.Itoa(res.RC) + ")"
-		}
-		res.Message = joinMessage(head, details)
-		return res
-	}
-	if ev := f.sum.Unreachable; ev != nil {
-		res.Outcome = Failed
-		res.FailedTask = ev.Task
-		msg := strings.TrimSpace(red.RedactTail(ev.Msg, ev.MsgTruncated))
-		internal := ev.Internal
-		if internal == internalScript && known && !connected {
-			// the in-task connect check could not connect: nothing ran (the
-			// event's own message is censored by no_log; result_file has it)
-			internal, res.FailedTask = internalConnect, connectTaskName
-			msg = strings.TrimSpace(red.Redact(f.script.ConnectionError))
-		}
-		if internal == internalScript && f.script != nil && f.script.ConnectionError != "" {
-			res.RC = 255
-			res.Message = joinMessage(fmt.Sprintf("task %q: ssh exited 255 (connection lost, or the script exited 255)", ev.Task), strings.TrimSpace(red.Redact(f.script.ConnectionError)))
-			return res
-		}
-		head := "host unreachable"
-		if strings.Contains(msg, "Host key verification failed") || strings.Contains(msg, "REMOTE HOST IDENTIFICATION HAS CHANGED") {
-			head = "host key mismatch: the host did not present the pinned key; nothing ran"
-		} else if internal == internalConnect {
-			head = "host unreachable; nothing ran"
-		} else {
-			head = fmt.Sprintf("host unreachable during task %q", ev.Task)
-		}
-		res.Message = joinMessage(head, msg)
-		return res
-	}
-	if f.exitCode == 0 && f.sum.Stats != nil && f.sum.Stats.Failures == 0 && f.sum.Stats.Unreachable == 0 {
+	switch {
+	case f.interrupted != "":
+		interrupted(&res, f, connected)
+	case !f.sum.Started:
+		res.Outcome, res.Touched = ConfigError, false
+		res.Message = fmt.Sprintf("ansible-playbook could not run the phase (exit %d): %s", f.exitCode, ansibleErrorText(f.stderrTail(red)))
+	case f.sum.Failed != nil:
+		taskFailed(&res, f, red)
+	case f.sum.Unreachable != nil:
+		unreachable(&res, f, red, connected, known)
+	case f.exitCode == 0 && f.sum.Stats != nil && f.sum.Stats.Failures == 0 && f.sum.Stats.Unreachable == 0:
 		res.Outcome = Succeeded
-		return res
+	case f.sum.Reached:
+		// Non-zero exit without a failed or unreachable result: ansible's
+		// own error during the run (or a crash).
+		res.Outcome, res.FailedTask = Failed, f.sum.LastTask
+		res.Message = joinMessage(fmt.Sprintf("ansible-playbook exited %d", f.exitCode), ansibleErrorText(f.stderrTail(red)))
+	default:
+		res.Outcome = ConfigError
+		res.Message = joinMessage(fmt.Sprintf("ansible-playbook exited %d before reaching the host", f.exitCode), ansibleErrorText(f.stderrTail(red)))
 	}
-	// Non-zero exit without a failed or unreachable result: ansible's own
-	// error during the run (or a crash).
-	if f.sum.Reached {
-		res.Outcome = Failed
-		res.FailedTask = f.sum.LastTask
-		res.Message = joinMessage(fmt.Sprintf("ansible-playbook exited %d", f.exitCode), ansibleErrorText(stderr))
-		return res
-	}
-	res.Outcome = ConfigError
-	res.Message = joinMessage(fmt.Sprintf("ansible-playbook exited %d before reaching the host", f.exitCode), ansibleErrorText(stderr))
 	return res
+}
+
+// stderrTail is ansible-playbook's stderr, redacted, its tail.
+func (f facts) stderrTail(red *Redactor) string {
+	return strings.TrimSpace(red.RedactTail(f.stderr, f.stderrCut))
+}
+
+// interrupted: the run was stopped (timeout or cancel) and terminated.
+func interrupted(res *Result, f facts, connected bool) {
+	res.Outcome = TimedOut
+	res.FailedTask = f.sum.LastTask
+	if f.connectInTask && f.sum.LastTaskInternal == internalScript && !connected {
+		// the script task had not got past its connect check: report
+		// the step as the separate connect task was reported
+		res.FailedTask = connectTaskName
+	}
+	if f.interrupted == "timeout" {
+		res.Message = fmt.Sprintf("phase timed out after %s", f.timeout)
+	} else {
+		res.Message = fmt.Sprintf("phase interrupted: %v", f.ctxErr)
+	}
+	if res.FailedTask != "" {
+		res.Message += fmt.Sprintf(" during task %q", res.FailedTask)
+	}
+	res.Message += "; ansible-playbook was terminated"
+}
+
+// taskFailed: a task's result was failed; the script task's details come
+// from its result_file (no_log censors the event).
+func taskFailed(res *Result, f facts, red *Redactor) {
+	ev := f.sum.Failed
+	res.Outcome = Failed
+	res.FailedTask = ev.Task
+	if ev.RC != nil {
+		res.RC = *ev.RC
+	}
+	details := eventDetails(ev, red)
+	script := ev.Internal == internalScript && f.script != nil
+	if script {
+		if f.script.RC != nil {
+			res.RC = *f.script.RC
+		}
+		details = scriptDetails(f.script, red)
+	}
+	head := fmt.Sprintf("task %q failed", ev.Task)
+	if ev.RC != nil || (script && f.script.RC != nil) {
+		head += fmt.Sprintf(" (rc=%d)", res.RC)
+	}
+	internal := ev.Internal
+	if script && f.script.ConnectRC != nil {
+		// the in-task connect check failed: report it as the connect
+		// task it replaces
+		internal, res.FailedTask = internalConnect, connectTaskName
+	}
+	if internal == internalConnect {
+		head = "connect check failed on the host (rc=" + strconv.Itoa(res.RC) + ")"
+	}
+	res.Message = joinMessage(head, details)
+}
+
+// unreachable: a task's result was unreachable; which step it was and
+// whether anything ran decide the message.
+func unreachable(res *Result, f facts, red *Redactor, connected, known bool) {
+	ev := f.sum.Unreachable
+	res.Outcome = Failed
+	res.FailedTask = ev.Task
+	msg := strings.TrimSpace(red.RedactTail(ev.Msg, ev.MsgTruncated))
+	internal := ev.Internal
+	if internal == internalScript && known && !connected {
+		// the in-task connect check could not connect: nothing ran (the
+		// event's own message is censored by no_log; result_file has it)
+		internal, res.FailedTask = internalConnect, connectTaskName
+		msg = strings.TrimSpace(red.Redact(f.script.ConnectionError))
+	}
+	if internal == internalScript && f.script != nil && f.script.ConnectionError != "" {
+		res.RC = 255
+		res.Message = joinMessage(fmt.Sprintf("task %q: ssh exited 255 (connection lost, or the script exited 255)", ev.Task), strings.TrimSpace(red.Redact(f.script.ConnectionError)))
+		return
+	}
+	var head string
+	switch {
+	case strings.Contains(msg, "Host key verification failed") || strings.Contains(msg, "REMOTE HOST IDENTIFICATION HAS CHANGED"):
+		head = "host key mismatch: the host did not present the pinned key; nothing ran"
+	case internal == internalConnect:
+		head = "host unreachable; nothing ran"
+	default:
+		head = fmt.Sprintf("host unreachable during task %q", ev.Task)
+	}
+	res.Message = joinMessage(head, msg)
 }
 
 // ansibleErrorText picks ansible's "ERROR! …" part of its stderr (warnings
