@@ -394,7 +394,7 @@ func (l *Local) syntaxCheck(role, roleDir string) (err error, verdict bool) {
 		play += fmt.Sprintf("    - ansible.builtin.import_role:\n        name: %s\n        tasks_from: %s\n", yq(role), yq(string(ph)))
 	}
 	for _, f := range []struct{ name, data string }{
-		{fileConfig, ansibleConfig(rc)}, {fileInventory, inventory(req.Conn, rc)}, {fileVars, vars}, {filePlaybook, play},
+		{fileConfig, ansibleConfig(rc)}, {fileInventory, inventory(req.Conn, rc, phaseLockVars(rc, kindRole))}, {fileVars, vars}, {filePlaybook, play},
 	} {
 		if err := dir.write(f.name, []byte(f.data)); err != nil {
 			return nil, false

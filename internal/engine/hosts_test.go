@@ -827,8 +827,30 @@ func testCanceled(t *testing.T, w *world) {
 	}
 	hostScriptGone(t, w, 2, "kpssh-cancel-marker", 5*time.Second)
 
-	// a context that is already done starts nothing
+	// so is a module of a tasks phase (its command line carries the tag
+	// under the phase_lock shell plugin)
+	mustRun(t, w, 2, "pkill -f kpssh-cancelmod-[m]arker; rm -f /tmp/kpssh-cancelmod-started; true")
 	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for ctx.Err() == nil {
+			if out, _, _ := w.Run(2, "test -e /tmp/kpssh-cancelmod-started && echo yes"); strings.TrimSpace(out) == "yes" {
+				cancel()
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	r = e.Run(ctx, Request{Phase: PhaseJoin, Conn: w.conn(2), Context: joinContext(w.Host(2)), Timeout: time.Minute,
+		Source: Source{Tasks: "- name: long module\n  ansible.builtin.shell: touch /tmp/kpssh-cancelmod-started; exec -a kpssh-cancelmod-marker sleep 600\n  args: {executable: /bin/bash}\n"}})
+	cancel()
+	mustOutcome(t, r, TimedOut)
+	if r.FailedTask != "long module" {
+		t.Fatalf("result %+v", r)
+	}
+	hostScriptGone(t, w, 2, "kpssh-cancelmod-marker", 5*time.Second)
+
+	// a context that is already done starts nothing
+	ctx, cancel = context.WithCancel(context.Background())
 	cancel()
 	r = e.Run(ctx, Request{Phase: PhaseJoin, Conn: w.conn(2), Source: Source{Script: "true"}, Context: joinContext(w.Host(2))})
 	if r.Outcome != TimedOut || r.Touched || !strings.Contains(r.Message, "not started") {
@@ -856,16 +878,26 @@ func testCutLink(t *testing.T, w *world) {
 // SSH connection) instead of running beside it: the predecessor holds the
 // host's phase lock, as every script phase does, and the new run's script
 // starts only once the predecessor ended.
+//
+// Module phases (roles, tasks) take the same lock for every module they run
+// on the host (the interpreter is flock'd): what a killed ansible-playbook
+// leaves behind is the one module it was running, and the resumed run's
+// modules wait for it.
 func testPhaseLock(t *testing.T, w *world) {
 	e := testEngine(t, nil)
-	mustRun(t, w, 2, "rm -f /tmp/kpssh-lock.log")
-	// the predecessor: the lock as scriptCommand takes it, held for 6 s
-	mustRun(t, w, 2, "setsid -f flock "+hostPhaseLock+" sh -c 'echo start-A >>/tmp/kpssh-lock.log; sleep 6; echo end-A >>/tmp/kpssh-lock.log' </dev/null >/dev/null 2>&1; "+
-		"for i in $(seq 50); do [ -s /tmp/kpssh-lock.log ] && exit 0; sleep 0.1; done; exit 1")
-	r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(2), Source: Source{Script: "echo B >>/tmp/kpssh-lock.log\n"}, Context: joinContext(w.Host(2)), Timeout: time.Minute})
-	mustOutcome(t, r, Succeeded)
-	if got := mustRun(t, w, 2, "cat /tmp/kpssh-lock.log"); got != "start-A\nend-A\nB" {
-		t.Fatalf("host log %q: the phase ran beside its predecessor (want start-A, end-A, B)", got)
+	for name, src := range map[string]Source{
+		"script": {Script: "echo B >>/tmp/kpssh-lock.log\n"},
+		"tasks":  {Tasks: "- name: B\n  ansible.builtin.shell: echo B >>/tmp/kpssh-lock.log\n  changed_when: false\n"},
+	} {
+		mustRun(t, w, 2, "rm -f /tmp/kpssh-lock.log")
+		// the predecessor: the lock as a phase takes it, held for 6 s
+		mustRun(t, w, 2, "setsid -f flock "+hostPhaseLock+" sh -c 'echo start-A >>/tmp/kpssh-lock.log; sleep 6; echo end-A >>/tmp/kpssh-lock.log' </dev/null >/dev/null 2>&1; "+
+			"for i in $(seq 50); do [ -s /tmp/kpssh-lock.log ] && exit 0; sleep 0.1; done; exit 1")
+		r := e.Run(context.Background(), Request{Phase: PhaseJoin, Conn: w.conn(2), Source: src, Context: joinContext(w.Host(2)), Timeout: time.Minute})
+		mustOutcome(t, r, Succeeded)
+		if got := mustRun(t, w, 2, "cat /tmp/kpssh-lock.log"); got != "start-A\nend-A\nB" {
+			t.Fatalf("%s phase: host log %q: the phase ran beside its predecessor (want start-A, end-A, B)", name, got)
+		}
 	}
 }
 

@@ -209,7 +209,7 @@ func build(req Request, rc renderConfig) (*bundle, error) {
 	b.add(fileKey, keyPEM)
 	b.add(fileKnown, known)
 	b.add(fileConfig, []byte(ansibleConfig(rc)))
-	b.add(fileInventory, []byte(inventory(req.Conn, rc)))
+	b.add(fileInventory, []byte(inventory(req.Conn, rc, phaseLockVars(rc, b.kind))))
 
 	switch b.kind {
 	case kindVerified:
@@ -337,14 +337,13 @@ func tuningLines(rc renderConfig) string {
 // ed25519 keys; ssh would otherwise choose by its default order, adjusted
 // by what known_hosts holds — the pin decides, not that heuristic.
 // c.HostKey was checked by checkConnection.
-func inventory(c Connection, rc renderConfig) string {
+func inventory(c Connection, rc renderConfig, extra string) string {
 	var keyType string
 	if pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(c.HostKey)); err == nil {
 		keyType = pub.Type()
 	}
-	var extra string
 	if algos := sshx.HostKeyAlgorithms(keyType); len(algos) > 0 {
-		extra = "      ansible_ssh_extra_args: " + yq("-o HostKeyAlgorithms="+strings.Join(algos, ",")) + "\n"
+		extra += "      ansible_ssh_extra_args: " + yq("-o HostKeyAlgorithms="+strings.Join(algos, ",")) + "\n"
 	}
 	return fmt.Sprintf(`all:
   hosts:
@@ -356,6 +355,31 @@ func inventory(c Connection, rc renderConfig) string {
       ansible_ssh_private_key_file: %[4]s
       ansible_python_interpreter: %[5]s
 %[6]s`, yq(c.Address), connPort(c), yq(connUser(c)), yq(rc.path(fileKey)), yq(rc.python), extra)
+}
+
+// modulesLocked: a run of kind k with mitogen (its strategy path, "" = off)
+// runs its modules under the phase lock, their command lines tagged.
+func modulesLocked(k kind, mitogen string) bool {
+	return (k == kindRole || k == kindTasks) && mitogen == ""
+}
+
+// phaseLockVars are the inventory variables that run a role or tasks
+// phase's modules under the host's phase lock, the one script phases hold
+// for their whole script (the dklesev.kpssh.phase_lock shell plugin: each
+// module's interpreter under flock, the run's tag in its command line). A
+// module left running by a killed ansible-playbook (a controller crash, a
+// cancel) holds the lock until it ends, and the resumed run's modules wait
+// for it instead of running beside it (two apt runs, two kubelet restarts);
+// only the module in flight can outlive its ansible-playbook, so a lock per
+// module suffices. Not with mitogen, whose one interpreter serves the whole
+// run; not for scripts, whose command takes the lock itself (a lock held
+// around it too would deadlock the script's own flock).
+func phaseLockVars(rc renderConfig, k kind) string {
+	if !modulesLocked(k, rc.mitogen) {
+		return ""
+	}
+	return fmt.Sprintf("      ansible_shell_type: dklesev.kpssh.phase_lock\n      kpssh_phase_lock_wait: %d\n      kpssh_run_tag: %s\n",
+		int(math.Ceil(rc.timeout.Seconds())), yq(rc.tag))
 }
 
 // connectTask is the first task of every play: a no-op command over the

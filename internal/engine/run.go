@@ -632,10 +632,11 @@ func (pr *proc) diedBeforeStart(f *facts) bool {
 // interrupted script, the ControlPersist master) and maps the facts to the
 // run's result.
 func (l *Local) finish(pr *proc, b *bundle, req Request, f *facts, red *Redactor) Result {
-	if f.interrupted != "" && b.kind == kindScript && f.sum.LastTaskInternal == internalScript {
-		// Killing ssh does not stop the script on the host: stop it there
-		// through the still-open master (timeout(1) would, but only when
-		// the phase timeout runs out there).
+	if f.interrupted != "" && (b.kind == kindScript && f.sum.LastTaskInternal == internalScript || modulesLocked(b.kind, l.opts.MitogenStrategyPath)) {
+		// Killing ssh does not stop the script (or a module) on the host:
+		// stop it there through the still-open master (timeout(1) would,
+		// but only when the phase timeout runs out there). A module's
+		// command line carries the tag under the phase_lock shell plugin.
 		l.stopRemoteScript(pr.dir, req.Conn)
 	}
 	// The ControlPersist master daemonized into its own session: stop it.
