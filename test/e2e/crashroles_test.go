@@ -97,6 +97,12 @@ func crashJobs(w *world, jobs *jobWorld) {
 		w.restartController(jobEnv(jobs.local, jobs.ns, img, a.Name))
 	}
 	defer jobs.down(w)
+	// JobExec's kept node must still be the one joined (once, its scale to
+	// one saw Karpenter delete both nodes as Empty in one command, and the
+	// points then ran against a host joined again behind their back).
+	if h := w.sshHost(jobs.node); h.Status.State != v1beta1.HostInUse || h.Status.ClaimRef == nil {
+		w.t.Fatalf("the Job executor's node %s is %s, not joined: the points need it kept from JobExec (or set up here)", jobs.node, h.Status.State)
+	}
 	w.mustKubectl("annotate", "node", jobs.node, "karpenter.sh/do-not-disrupt=true")
 	r := &crashRig{world: w, exec: execJob, profile: w.profile, keep: jobs.node, ns: jobs.ns}
 	r.chain("phase Jobs", jobCreatePoints, jobDeletePoints)
