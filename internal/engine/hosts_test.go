@@ -694,7 +694,7 @@ rm -f /root/sudo-id /root/become-id`)
 		t.Fatalf("tasks ran as %q", got)
 	}
 	// an interrupted script of a sudo user is stopped on the host too
-	r = cancelWhenStarted(t, w, e, 1, conn, "/tmp/kpssh-sudocancel-started", "touch /tmp/kpssh-sudocancel-started\nsleep 600 &\nexec -a kpssh-sudocancel-marker sleep 600\n")
+	r = cancelWhenStarted(t, w, e, 1, conn, "/tmp/kpssh-sudocancel-started", Source{Script: "touch /tmp/kpssh-sudocancel-started\nsleep 600 &\nexec -a kpssh-sudocancel-marker sleep 600\n"})
 	mustOutcome(t, r, TimedOut)
 	hostScriptGone(t, w, 1, "kpssh-sudocancel-marker", 5*time.Second)
 	if out, _, _ := w.Run(1, "pgrep -x sleep || true"); strings.TrimSpace(out) != "" {
@@ -795,9 +795,9 @@ func testTimeoutStopsHostScript(t *testing.T, w *world) {
 	hostScriptGone(t, w, 2, "kpssh-timeout2-marker", 5*time.Second)
 }
 
-// cancelWhenStarted runs script (which must touch started on the host) and
+// cancelWhenStarted runs src (which must touch started on the host) and
 // cancels the run's context as soon as that file exists.
-func cancelWhenStarted(t *testing.T, w *world, e *Local, i int, conn Connection, started, script string) Result {
+func cancelWhenStarted(t *testing.T, w *world, e *Local, i int, conn Connection, started string, src Source) Result {
 	t.Helper()
 	mustRun(t, w, i, "rm -f "+started)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -811,7 +811,7 @@ func cancelWhenStarted(t *testing.T, w *world, e *Local, i int, conn Connection,
 			time.Sleep(100 * time.Millisecond)
 		}
 	}()
-	return e.Run(ctx, Request{Phase: PhaseJoin, Conn: conn, Source: Source{Script: script}, Context: joinContext(w.Host(i)), Timeout: time.Minute})
+	return e.Run(ctx, Request{Phase: PhaseJoin, Conn: conn, Source: src, Context: joinContext(w.Host(i)), Timeout: time.Minute})
 }
 
 // Cancel the context once the script provably runs on the host: the run is
@@ -820,7 +820,7 @@ func cancelWhenStarted(t *testing.T, w *world, e *Local, i int, conn Connection,
 func testCanceled(t *testing.T, w *world) {
 	e := testEngine(t, nil)
 	mustRun(t, w, 2, "pkill -f kpssh-cancel-[m]arker; true")
-	r := cancelWhenStarted(t, w, e, 2, w.conn(2), "/tmp/kpssh-cancel-started", "touch /tmp/kpssh-cancel-started\nexec -a kpssh-cancel-marker sleep 600\n")
+	r := cancelWhenStarted(t, w, e, 2, w.conn(2), "/tmp/kpssh-cancel-started", Source{Script: "touch /tmp/kpssh-cancel-started\nexec -a kpssh-cancel-marker sleep 600\n"})
 	mustOutcome(t, r, TimedOut)
 	if !strings.Contains(r.Message, "interrupted") || r.FailedTask != "kpssh: join script" || !r.Touched {
 		t.Fatalf("result %+v", r)
@@ -829,20 +829,9 @@ func testCanceled(t *testing.T, w *world) {
 
 	// so is a module of a tasks phase (its command line carries the tag
 	// under the phase_lock shell plugin)
-	mustRun(t, w, 2, "pkill -f kpssh-cancelmod-[m]arker; rm -f /tmp/kpssh-cancelmod-started; true")
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		for ctx.Err() == nil {
-			if out, _, _ := w.Run(2, "test -e /tmp/kpssh-cancelmod-started && echo yes"); strings.TrimSpace(out) == "yes" {
-				cancel()
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}()
-	r = e.Run(ctx, Request{Phase: PhaseJoin, Conn: w.conn(2), Context: joinContext(w.Host(2)), Timeout: time.Minute,
-		Source: Source{Tasks: "- name: long module\n  ansible.builtin.shell: touch /tmp/kpssh-cancelmod-started; exec -a kpssh-cancelmod-marker sleep 600\n  args: {executable: /bin/bash}\n"}})
-	cancel()
+	mustRun(t, w, 2, "pkill -f kpssh-cancelmod-[m]arker; true")
+	r = cancelWhenStarted(t, w, e, 2, w.conn(2), "/tmp/kpssh-cancelmod-started",
+		Source{Tasks: "- name: long module\n  ansible.builtin.shell: touch /tmp/kpssh-cancelmod-started; exec -a kpssh-cancelmod-marker sleep 600\n  args: {executable: /bin/bash}\n"})
 	mustOutcome(t, r, TimedOut)
 	if r.FailedTask != "long module" {
 		t.Fatalf("result %+v", r)
@@ -850,7 +839,7 @@ func testCanceled(t *testing.T, w *world) {
 	hostScriptGone(t, w, 2, "kpssh-cancelmod-marker", 5*time.Second)
 
 	// a context that is already done starts nothing
-	ctx, cancel = context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	r = e.Run(ctx, Request{Phase: PhaseJoin, Conn: w.conn(2), Source: Source{Script: "true"}, Context: joinContext(w.Host(2))})
 	if r.Outcome != TimedOut || r.Touched || !strings.Contains(r.Message, "not started") {
