@@ -72,7 +72,7 @@ func (w *world) buildKwok() (bin, crd string) {
 // Karpenter does not consolidate them (only initialized nodes are
 // candidates): its scale down here is deleting its NodeClaims.
 func coexistence(w *world, st *state) {
-	w.fromNothing("Coexistence")
+	w.allLeft("Coexistence starts with nothing joined (what the previous scenario left, its leave given time)")
 	kwokBin, crd := w.buildKwok()
 	w.apply(crd)
 	if _, err := w.kubectl("create", "namespace", kwokNS); err != nil && !strings.Contains(err.Error(), "AlreadyExists") {

@@ -358,21 +358,6 @@ func (w *world) allLeftBut(what, keep string) {
 	})
 }
 
-// fromNothing: a scenario that joins "the" host starts with every host
-// Available and no NodeClaim (what the previous scenario left, given time
-// to finish its leave); otherwise it fails here, naming what was left.
-func (w *world) fromNothing(scenario string) {
-	w.t.Helper()
-	w.eventually(scenario+" starts with every host Available and no NodeClaim", 3*time.Minute, func() (bool, string) {
-		ok, hs := w.allHosts(v1beta1.HostAvailable)
-		var s []string
-		for _, c := range w.nodeClaims() {
-			s = append(s, "NodeClaim "+w.describeClaim(&c))
-		}
-		return ok && len(s) == 0, strings.Join(append(s, hs), "; ")
-	})
-}
-
 // describeClaim says why a NodeClaim may still be there: deleting or not,
 // its disruption conditions, its Node's taints and the pods on it.
 func (w *world) describeClaim(c *karpv1.NodeClaim) string {

@@ -93,7 +93,7 @@ func (w *world) leader(reps []*controller, not *controller) *controller {
 // and nothing of the killed replica's children (ansible-playbook, its
 // workers, ssh and the ControlPersist master) left on this machine.
 func highAvailability(w *world, st *state) {
-	w.fromNothing("HA")
+	w.allLeft("HA starts with nothing joined (what the previous scenario left, its leave given time)")
 	w.ctrl.stop()
 	reps := w.replicas("kpssh-ha-a", "kpssh-ha-b")
 	defer func() {
