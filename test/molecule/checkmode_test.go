@@ -110,7 +110,7 @@ func TestCheckModeTLSBootstrap(t *testing.T) {
 	res := run(engine.PhaseJoin, check, true)
 	var write *engine.Change
 	for i, c := range res.Changes {
-		if c.Task == "tls_bootstrap : Write the node's credentials and kubelet configuration" {
+		if c.Task == "tls_bootstrap : Write the node's credentials and kubelet configuration, and start the node" {
 			write = &res.Changes[i]
 		}
 	}

@@ -20,8 +20,14 @@ description:
     unpacks the top level of I(archives), writes a I(manifest) of every path
     it manages and finally runs read-only I(commands) (e.g. the C(--version)
     of a binary it has just written), so a whole install is one task.
+  - Then it can start what it wrote: I(units) are converged as by
+    C(dklesev.kpssh.units) (enabled, started, stopped, awaited), a unit
+    with I(restart_on_change) restarted when this run changed or removed
+    a path (but those of its I(restart_ignore)), and systemd reloaded first
+    when a changed path is a unit file. Write-then-start in one module run
+    instead of two: each is a Python start on the host.
   - Order: I(remove), I(directories), I(archives), I(files), I(manifest),
-    I(commands). Every I(src) is checked before anything is touched: a
+    I(commands), I(units). Every I(src) is checked before anything is touched: a
     missing one fails the task and nothing is written.
   - Contents are never returned, except in diff mode (C(--diff)): then each
     changed path gets a unified diff of its text (what is on the host
@@ -173,6 +179,49 @@ options:
     type: list
     elements: str
     default: []
+  units:
+    description:
+      - systemd units converged last, in order, as C(dklesev.kpssh.units)
+        does (I(name), I(enabled), I(state)). Not run when anything before
+        failed.
+    type: list
+    elements: dict
+    default: []
+    version_added: 1.2.0
+    suboptions:
+      name:
+        description: Unit name with its suffix, e.g. C(kubelet.service).
+        type: str
+        required: true
+      enabled:
+        description: Enabled at boot (C(true)), disabled (C(false)), or left alone (unset).
+        type: bool
+      state:
+        description: C(started), C(restarted), C(stopped), or left alone (unset).
+        type: str
+        choices: [started, restarted, stopped]
+      restart_on_change:
+        description:
+          - A unit whose I(state) is C(started) is restarted instead when
+            this run changed or removed any path (the handler pattern, in
+            the same round trip).
+        type: bool
+        default: false
+      restart_ignore:
+        description: Paths whose change alone is no reason for I(restart_on_change).
+        type: list
+        elements: str
+        default: []
+  daemon_reload:
+    description: Reload systemd before the units (it also reloads when a changed path is a unit file, or as C(dklesev.kpssh.units) does).
+    type: bool
+    default: false
+    version_added: 1.2.0
+  wait_active:
+    description: Seconds to wait for the started and restarted I(units) to be active; 0 does not wait.
+    type: int
+    default: 0
+    version_added: 1.2.0
 author:
   - kpssh maintainers
 '''
@@ -201,6 +250,14 @@ EXAMPLES = r'''
     commands:
       kubelet_version: [/usr/local/bin/kubelet, --version]
   register: installed
+
+- name: Write the kubelet's configuration and start it (restarted when it changed)
+  dklesev.kpssh.files:
+    files:
+      - {path: /var/lib/kubelet/config.yaml, content: "{{ kubelet_config }}", mode: "0644"}
+    units:
+      - {name: kubelet.service, enabled: true, state: started, restart_on_change: true}
+    wait_active: 60
 '''
 
 RETURN = r'''
@@ -224,6 +281,17 @@ commands:
   type: dict
   returned: always
   version_added: 1.1.0
+actions:
+  description: What was done to I(units) (or, in check mode, would be), as C(dklesev.kpssh.units) returns it.
+  type: list
+  elements: str
+  returned: always
+  version_added: 1.2.0
+active:
+  description: C(systemctl is-active) of every unit of I(units) after the last action (and the wait).
+  type: dict
+  returned: always
+  version_added: 1.2.0
 '''
 
 import difflib
@@ -237,6 +305,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dklesev.kpssh.plugins.module_utils.host_commands import check_all, run_all
+from ansible_collections.dklesev.kpssh.plugins.module_utils.systemd_units import UNIT_DIRS, UNIT_OPTIONS, UnitsFailed, check_units, converge
 
 CHUNK = 1 << 20
 # diff mode: files larger than this are described, not diffed
@@ -488,6 +557,13 @@ def main():
             )),
             commands=dict(type='dict', default={}),
             remove=dict(type='list', elements='str', default=[]),
+            units=dict(type='list', elements='dict', default=[], options=dict(
+                restart_on_change=dict(type='bool', default=False),
+                restart_ignore=dict(type='list', elements='str', default=[]),
+                **UNIT_OPTIONS
+            )),
+            daemon_reload=dict(type='bool', default=False),
+            wait_active=dict(type='int', default=0),
         ),
         supports_check_mode=True,
     )
@@ -504,6 +580,7 @@ def main():
             if not os.path.isabs(what):
                 raise _Fail('files: path %r is not absolute' % what)
         check_all(module, p['commands'])
+        check_units(p['units'], p['wait_active'])
         dirs = [(d['path'], _mode(d['mode'], d['path'])) + _ids(d['owner'], d['group'], d['path'])
                 for d in p['directories']]
         archs = [(a['src'], a['dest'], _mode(a['mode'], a['src'])) + _ids(a['owner'], a['group'], a['src'])
@@ -562,13 +639,33 @@ def main():
                 changed_paths.append(m['path'])
                 if before is not None:
                     diff(_file_diff(m['path'], before, data, len(data), man_mode, man_uid, man_gid))
-    except _Fail as e:
+    except (_Fail, UnitsFailed) as e:
         module.fail_json(msg=str(e), changed_paths=changed_paths, removed=removed)
     except OSError as e:
         module.fail_json(msg='files: %s: %s' % (e.filename or '', e.strerror), changed_paths=changed_paths, removed=removed)
+    commands = run_all(module, p['commands'])
+    actions, active = _units(module, changed_paths, removed, diff)
     extra = {'diff': diffs} if diffs else {}
-    module.exit_json(changed=bool(changed_paths or removed), changed_paths=changed_paths, removed=removed,
-                     archives=archives, commands=run_all(module, p['commands']), **extra)
+    module.exit_json(changed=bool(changed_paths or removed or actions), changed_paths=changed_paths, removed=removed,
+                     archives=archives, commands=commands, actions=actions, active=active, **extra)
+
+
+def _units(module, changed_paths, removed, diff):
+    """Converges the units after the write: restart_on_change turns started
+    into restarted when a path this run changed or removed is not ignored,
+    and a changed unit file reloads systemd first."""
+    p = module.params
+    touched = changed_paths + removed
+    units = [dict(u, state='restarted') if u['restart_on_change'] and u['state'] == 'started'
+             and any(t not in u['restart_ignore'] for t in touched) else u for u in p['units']]
+    reload = p['daemon_reload'] or any(t.startswith(UNIT_DIRS) for t in touched)
+    try:
+        actions, active, was = converge(module, units, reload, p['wait_active'])
+    except UnitsFailed as e:
+        module.fail_json(msg=str(e), changed=True if touched else bool(e.result.get('actions')),
+                         changed_paths=changed_paths, removed=removed, **e.result)
+    diff(was)
+    return actions, active
 
 
 if __name__ == '__main__':
