@@ -15,6 +15,10 @@ description:
     release architecture without a task of its own.
   - Never changes anything; never fails because a file, command or unit is
     missing (that is what it reports). Supports check mode.
+  - Its action plugin asks the same as one POSIX sh script on the task's
+    connection (no Python start on the host: about 0.15 s less per probe)
+    and runs this module only when the host's sh lacks a tool the script
+    uses (C(base64), C(mktemp), C(timeout)).
 version_added: 0.2.0
 options:
   read:

@@ -50,8 +50,8 @@ TAG = re.compile(r'^[A-Za-z0-9_.-]{1,64}$')
 
 class ShellModule(ShModule):
 
-    def build_module_command(self, env_string, shebang, cmd, arg_path=None):
-        module_cmd = super().build_module_command('', shebang, cmd, arg_path)
+    def lock_command(self):
+        """The argv prefix that runs a command under the phase lock, tagged."""
         wait = int(self.get_option('phase_lock_wait') or 0)
         tag = self.get_option('phase_run_tag') or ''
         # -o: the lock stays with flock, not with what the module leaves
@@ -63,5 +63,9 @@ class ShellModule(ShModule):
         lock.append(LOCK)
         if TAG.match(tag):
             lock += ['env', 'KPSSH_RUN=' + tag]
+        return lock
+
+    def build_module_command(self, env_string, shebang, cmd, arg_path=None):
+        module_cmd = super().build_module_command('', shebang, cmd, arg_path)
         env_string = env_string.strip()
-        return (env_string + ' ' if env_string else '') + shlex.join(lock) + ' ' + module_cmd
+        return (env_string + ' ' if env_string else '') + shlex.join(self.lock_command()) + ' ' + module_cmd
