@@ -318,9 +318,9 @@ func BenchmarkTaskOverhead(b *testing.B) {
 
 // BenchmarkPrebuild: what the idle runner's module payloads built ahead
 // (PREBUILD in the runner) save a role phase that runs three distinct
-// modules, as the shipped join does (dklesev.kpssh.host_state, stat,
-// command); baseline: the same engine with runners that build nothing
-// ahead, same host, same run, random order.
+// modules (dklesev.kpssh.files, stat, command; the shipped join runs one,
+// its probe being sh); baseline: the same engine with runners that build
+// nothing ahead, same host, same run, random order.
 func BenchmarkPrebuild(b *testing.B) {
 	w := upWorld(b, 1)
 	coll, err := FindCollectionsPath()
@@ -333,9 +333,10 @@ func BenchmarkPrebuild(b *testing.B) {
 		b.Fatal(err)
 	}
 	tasks := `---
-- name: Probe
-  dklesev.kpssh.host_state:
-    units: [kubelet]
+- name: Write
+  dklesev.kpssh.files:
+    files:
+      - {path: /tmp/kpssh-bench-prebuild, content: "x\n", mode: "0644"}
 - name: Stat
   ansible.builtin.stat:
     path: /etc/hostname
