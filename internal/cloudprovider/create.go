@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -123,6 +124,29 @@ func (c *CloudProvider) claim(ctx context.Context, nodeClaim *karpv1.NodeClaim, 
 	return nil, nil, cloudprovider.NewInsufficientCapacityError(fmt.Errorf("no free host in host classes %s", names(compatible)))
 }
 
+// previousNodeGone returns an error while the Node named as the host's
+// kubelet registers is being deleted: the Node of its previous claim, which Karpenter
+// removes only after Delete released the host, so a new claim can get the
+// host first. A kubelet joining under that name now would register into
+// the terminating object (and be reported as its Node, then lose it). The
+// wait is a retry of Create, the host kept claimed. A Node of that name not
+// being deleted is this claim's own (a resumed join) or the duplicate
+// guard's business.
+func (c *CloudProvider) previousNodeGone(ctx context.Context, h *v1beta1.SSHHost, name string) error {
+	n := &corev1.Node{}
+	if err := c.Live.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	if n.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	return fmt.Errorf("host %s: Node %s of its previous claim is still being deleted (since %s, finalizers %v); the join waits for it",
+		h.Name, name, n.DeletionTimestamp.UTC().Format(time.RFC3339), n.Finalizers)
+}
+
 // launchedAs is it (nil: nil) as the NodeClaim launches on it: reserved or
 // on-demand, its labels pinned (instancetype.Launched).
 func launchedAs(nodeClaim *karpv1.NodeClaim, it *cloudprovider.InstanceType) *cloudprovider.InstanceType {
@@ -230,6 +254,9 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 		}
 	}
 
+	if err := c.previousNodeGone(ctx, h, pc.NodeName); err != nil {
+		return nil, err // retry, keep the claim
+	}
 	tok, err := c.Tokens.Mint(ctx, nodeClaim.Name)
 	if err != nil {
 		return nil, fail(failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: "mint bootstrap token: " + err.Error()})

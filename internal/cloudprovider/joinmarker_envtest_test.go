@@ -3,6 +3,7 @@ package cloudprovider
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -75,5 +76,62 @@ func TestDeleteAfterJoinWithoutInUseRunsLeave(t *testing.T) {
 	}
 	if nodeExists(t, node) {
 		t.Fatal("the Node the join registered survived the Delete")
+	}
+}
+
+// A host that Delete released is claimed again before Karpenter has removed
+// its previous Node (its termination finalizer still on it): the join
+// waits for that Node to be gone, the host kept claimed, or the new kubelet
+// registers into the terminating object (seen in the e2e: a Node of the
+// host created twice within one claim). On the real apiserver.
+func TestCreateWaitsForThePreviousNodeGone(t *testing.T) {
+	ctx := context.Background()
+	w := identityWorld(t, "prevnode", v1beta1.ProviderIDStatic)
+	name := w.ns + "-h1"
+	w.host(t, name, "10.69.2.1")
+	old := idNode(t, name, ProviderID(w.ns, name), "10.69.2.1", nil)
+	old.Finalizers = []string{"karpenter.sh/termination"}
+	if err := env.Client.Update(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	claim := w.claim(t, w.ns+"-a")
+	joins := func() int {
+		n := 0
+		for _, c := range w.ph.phases() {
+			if c == engine.PhaseJoin {
+				n++
+			}
+		}
+		return n
+	}
+	_, err := w.cp.Create(ctx, claim)
+	if err == nil || !strings.Contains(err.Error(), "still being deleted") {
+		t.Fatalf("Create with the host's previous Node terminating: %v, want a retry naming it", err)
+	}
+	if joins() != 0 {
+		t.Fatalf("phases %v: the join ran while the previous Node was being deleted", w.ph.phases())
+	}
+	if h := w.get(t, name); h.Status.State != v1beta1.HostClaimed || h.Status.ClaimRef == nil || h.Status.BootstrapTokenID != "" {
+		t.Fatalf("host while waiting: %+v, want still Claimed by the claim, no token minted", h.Status)
+	}
+	// Karpenter removes its finalizer: the Node is gone and the Create goes on.
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(old), old); err != nil {
+		t.Fatal(err)
+	}
+	old.Finalizers = nil
+	if err := env.Client.Update(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.cp.Create(ctx, claim); err != nil {
+		t.Fatalf("Create once the previous Node is gone: %v", err)
+	}
+	if joins() != 1 {
+		t.Fatalf("phases %v, want one join", w.ph.phases())
+	}
+	if h := w.get(t, name); h.Status.State != v1beta1.HostInUse {
+		t.Fatalf("host after the Create: %+v, want InUse", h.Status)
 	}
 }
