@@ -19,10 +19,9 @@ import binascii
 import shlex
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.dklesev.kpssh.plugins.module_utils.host_commands import (
+    MAX_READ, TAIL, TIMEOUT, UNIT_STATE_PROPS, argv_error, unit_states)
 
-MAX_READ = 64 * 1024
-TAIL = 8192
-COMMAND_TIMEOUT = 60
 HEADER = 'kpssh-host-state 1'
 
 ARGUMENT_SPEC = dict(
@@ -54,10 +53,10 @@ def script(read, exists, commands, units):
     for i, (_, argv) in enumerate(commands):
         lines.append('if command -v -- %(a0)s >/dev/null 2>&1; then timeout %(t)d %(argv)s </dev/null >"$d/o" 2>"$d/e"; '
                      'printf "c %(i)d %%d x" "$?"; tail -c %(n)d "$d/o" | b; printf " x"; tail -c %(n)d "$d/e" | b; echo; '
-                     'else echo "c %(i)d - x x"; fi' % dict(a0=q(argv[0]), t=COMMAND_TIMEOUT, argv=shlex.join(argv), i=i, n=TAIL))
+                     'else echo "c %(i)d - x x"; fi' % dict(a0=q(argv[0]), t=TIMEOUT, argv=shlex.join(argv), i=i, n=TAIL))
     if units:
-        lines.append('printf "u x"; systemctl show --property=Id,ActiveState,SubState,UnitFileState -- %s 2>/dev/null | b; echo'
-                     % shlex.join(units))
+        lines.append('printf "u x"; systemctl show --property=%s -- %s 2>/dev/null | b; echo'
+                     % (','.join(UNIT_STATE_PROPS), shlex.join(units)))
     lines.append('echo end')
     return '\n'.join(lines) + '\n'
 
@@ -73,7 +72,7 @@ def parse(out, read, exists, commands, units):
     if HEADER not in lines or 'end' not in lines:
         return None
     lines = lines[lines.index(HEADER) + 1:lines.index('end')]
-    res = dict(changed=False, read={}, exists={}, commands={}, units=_units(units, ''), machine=None)
+    res = dict(changed=False, read={}, exists={}, commands={}, units=unit_states(units, ''), machine=None)
     try:
         for line in lines:
             f = line.split(' ')
@@ -90,24 +89,13 @@ def parse(out, read, exists, commands, units):
                 else:
                     res['commands'][name] = dict(rc=int(f[2]), stdout=_text(f[3])[-TAIL:], stderr=_text(f[4])[-TAIL:])
             elif f[0] == 'u':
-                res['units'] = _units(units, _text(f[1]))
+                res['units'] = unit_states(units, _text(f[1]))
     except (IndexError, ValueError, binascii.Error):
         return None
     if res['machine'] is None or len(res['read']) != len(read) or len(res['exists']) != len(exists) \
             or len(res['commands']) != len(commands):
         return None
     return res
-
-
-def _units(names, shown):
-    """systemctl show's blocks, one per unit in the order asked, as the module parses them."""
-    out = {n: dict(ActiveState='', SubState='', UnitFileState='') for n in names}
-    for name, block in zip(names, shown.split('\n\n')):
-        for line in block.splitlines():
-            k, _, v = line.partition('=')
-            if k in out[name]:
-                out[name][k] = v
-    return out
 
 
 class ActionModule(ActionBase):
@@ -121,12 +109,11 @@ class ActionModule(ActionBase):
         result = super(ActionModule, self).run(tmp, task_vars)
         del tmp
         _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        commands = []
-        for name, argv in args['commands'].items():
-            if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-                result.update(failed=True, msg='commands.%s must be a non-empty list of strings (argv, no shell)' % name)
-                return result
-            commands.append((name, argv))
+        msg = argv_error(args['commands'])
+        if msg:
+            result.update(failed=True, msg=msg)
+            return result
+        commands = list(args['commands'].items())
         shell = self._connection._shell
         lock = shell.lock_command() if hasattr(shell, 'lock_command') else []
         res = self._low_level_execute_command(shlex.join(lock + ['sh', '-s']), sudoable=True,

@@ -662,7 +662,7 @@ def _units(module, changed_paths, removed, diff):
     try:
         actions, active, was = converge(module, units, reload, p['wait_active'])
     except UnitsFailed as e:
-        module.fail_json(msg=str(e), changed=True if touched else bool(e.result.get('actions')),
+        module.fail_json(msg=str(e), changed=bool(touched or e.result.get('actions')),
                          changed_paths=changed_paths, removed=removed, **e.result)
     diff(was)
     return actions, active

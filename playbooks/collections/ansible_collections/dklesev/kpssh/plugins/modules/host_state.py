@@ -82,9 +82,8 @@ machine:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dklesev.kpssh.plugins.module_utils.host_commands import run, run_all
-
-MAX_READ = 64 * 1024
+from ansible_collections.dklesev.kpssh.plugins.module_utils.host_commands import (
+    MAX_READ, UNIT_STATE_PROPS, run, run_all, unit_states)
 
 
 def _read(path):
@@ -97,18 +96,10 @@ def _read(path):
 
 
 def _units(names):
-    out = {n: dict(ActiveState='', SubState='', UnitFileState='') for n in names}
     if not names:
-        return out
-    r = run(['systemctl', 'show', '--property=Id,ActiveState,SubState,UnitFileState', '--'] + list(names))
-    # one block per unit, in the order asked, separated by blank lines
-    blocks = [b for b in r['stdout'].split('\n\n')]
-    for name, block in zip(names, blocks):
-        for line in block.splitlines():
-            k, _, v = line.partition('=')
-            if k in out[name]:
-                out[name][k] = v
-    return out
+        return unit_states(names, '')
+    r = run(['systemctl', 'show', '--property=' + ','.join(UNIT_STATE_PROPS), '--'] + list(names))
+    return unit_states(names, r['stdout'])
 
 
 def main():
