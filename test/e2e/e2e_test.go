@@ -81,6 +81,7 @@ func TestE2ERoles(t *testing.T) {
 		{"CrashResumeRoles", crashResumeRoles}, // crashroles_test.go: on JobExec's setup when both run
 		{"HA", highAvailability},               // ha_test.go
 		{"Coexistence", coexistence},           // coexist_test.go
+		{"ControllerPod", controllerPod},       // controllerpod_test.go
 	})
 }
 

@@ -466,6 +466,18 @@ func alerts(w *world) {
 // installed, release kpssh in namespace kpssh) with extra --set values.
 func helmTemplate(w *world, template, set string) []byte {
 	w.t.Helper()
+	out, err := w.helm(3*time.Minute, "template", "kpssh", filepath.Join(w.repo, "charts/kpssh"), "--namespace", promNamespace,
+		"--set", set, "--show-only", template)
+	if err != nil {
+		w.t.Fatalf("helm template %s: %v", template, err)
+	}
+	return out
+}
+
+// helm runs the chart tool ($HELM, else hack/helm.sh's) with a throwaway
+// home, against the world's cluster; err holds its stderr.
+func (w *world) helm(timeout time.Duration, args ...string) ([]byte, error) {
+	w.t.Helper()
 	helm := os.Getenv("HELM")
 	if helm == "" {
 		out, err := script(context.Background(), w.repo, nil, 30*time.Minute, "helm.sh")
@@ -475,17 +487,20 @@ func helmTemplate(w *world, template, set string) []byte {
 		helm = out
 	}
 	home := w.t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	c := exec.CommandContext(ctx, helm, "template", "kpssh", filepath.Join(w.repo, "charts/kpssh"), "--namespace", promNamespace,
-		"--set", set, "--show-only", template)
-	c.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "HELM_CACHE_HOME=" + home, "HELM_CONFIG_HOME=" + home, "HELM_DATA_HOME=" + home}
+	c := exec.CommandContext(ctx, helm, args...)
+	c.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "HELM_CACHE_HOME=" + home, "HELM_CONFIG_HOME=" + home,
+		"HELM_DATA_HOME=" + home, "KUBECONFIG=" + w.kubeconfig}
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+	c.WaitDelay = 10 * time.Second
 	var o, e bytes.Buffer
 	c.Stdout, c.Stderr = &o, &e
 	if err := c.Run(); err != nil {
-		w.t.Fatalf("helm template %s: %v: %s", template, err, e.String())
+		return nil, fmt.Errorf("helm %s: %w: %s", args[0], err, tail(e.String(), 2000))
 	}
-	return o.Bytes()
+	return o.Bytes(), nil
 }
 
 // dashboardExprs renders the chart's dashboard ConfigMap and returns every
