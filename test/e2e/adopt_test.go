@@ -101,13 +101,5 @@ flags+=("--provider-id=` + adoptProviderIDScheme + `$(cat /etc/machine-id)")`
 	p.Name, p.ResourceVersion = adoptProfile, ""
 	p.Spec.Version = "1"
 	p.Spec.Scripts.Join = v1beta1.Script(strings.Replace(string(p.Spec.Scripts.Join), static, own, 1))
-	out, err := yaml.Marshal(p)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	f := filepath.Join(w.t.TempDir(), "adopt-profile.yaml")
-	if err := os.WriteFile(f, out, 0o600); err != nil {
-		w.t.Fatal(err)
-	}
-	return f
+	return w.yamlFile("adopt-profile.yaml", p)
 }

@@ -13,7 +13,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
@@ -279,16 +278,8 @@ func (w *world) installChart(img string) *release {
 		"settings":    map[string]any{"batchMaxDuration": "3s", "batchIdleDuration": "1s"},
 		"logLevel":    "debug",
 	}
-	b, err := yaml.Marshal(values)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	f := filepath.Join(w.t.TempDir(), "values.yaml")
-	if err := os.WriteFile(f, b, 0o600); err != nil {
-		w.t.Fatal(err)
-	}
 	if _, err := w.helm(5*time.Minute, "install", "kpssh", filepath.Join(w.repo, "charts/kpssh"), "--namespace", chartNS,
-		"--create-namespace", "--skip-crds", "-f", f); err != nil {
+		"--create-namespace", "--skip-crds", "-f", w.yamlFile("values.yaml", values)); err != nil {
 		w.t.Fatal(err)
 	}
 	r := &release{w: w}

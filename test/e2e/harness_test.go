@@ -248,6 +248,21 @@ func (w *world) mustKubectl(args ...string) string {
 
 func (w *world) apply(file string) { w.t.Helper(); w.mustKubectl("apply", "-f", file) }
 
+// yamlFile writes v as YAML to a file name in a temp dir of the test
+// (0600) and returns its path.
+func (w *world) yamlFile(name string, v any) string {
+	w.t.Helper()
+	b, err := yaml.Marshal(v)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	f := filepath.Join(w.t.TempDir(), name)
+	if err := os.WriteFile(f, b, 0o600); err != nil {
+		w.t.Fatal(err)
+	}
+	return f
+}
+
 // selected reports whether scenario name runs: KPSSH_E2E_ONLY=A,B runs only
 // those, in TestE2E's order (each starts from all hosts Available, nothing
 // joined; ones that read state an earlier one left need it selected too).
