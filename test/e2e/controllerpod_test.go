@@ -97,7 +97,10 @@ func controllerPod(w *world, _ *state) {
 		}
 		for _, c := range p.Status.Conditions {
 			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-				return strings.Contains(c.Message, "affinity") && strings.Contains(c.Message, "unschedulable"), c.Message
+				// The foreign node's refusal reads "unschedulable" or, once the
+				// node controller has tainted the cordoned node, "untolerated
+				// taint": the message of the last attempt is kept.
+				return strings.Contains(c.Message, "affinity"), c.Message
 			}
 		}
 		return false, fmt.Sprintf("pod %s on %q, conditions %v", p.Name, p.Spec.NodeName, p.Status.Conditions)
