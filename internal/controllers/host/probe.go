@@ -41,6 +41,13 @@ func (c *Controller) probe(ctx context.Context, h *v1beta1.SSHHost) (reconcile.R
 		return reconcile.Result{RequeueAfter: remaining}, true, nil
 	}
 	creds, err := c.Keys.Get(ctx, h)
+	if errors.Is(err, hostkey.ErrUnavailable) {
+		// The apiserver's hiccup, not the host's: leave its state alone (a
+		// fleet would flap Unhealthy at once) and ask again next interval
+		// (an error's backoff grows to minutes over a long outage).
+		log.FromContext(ctx).Error(err, "key Secret not served: host left as it is until the next probe")
+		return reconcile.Result{RequeueAfter: c.Interval}, true, nil
+	}
 	if err != nil {
 		return c.probeFailed(ctx, h, probe.Result{}, creds, err)
 	}

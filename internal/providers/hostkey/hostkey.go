@@ -33,6 +33,19 @@ type Credentials struct {
 	FromSecret bool
 }
 
+// ErrUnavailable marks a key Secret the apiserver did not serve this time
+// (unavailable, timed out, throttled past client-go's retries, connection
+// lost): the apiserver's state, neither the host's nor a setting; ask
+// again later. A missing Secret, a refused read (the controller's RBAC)
+// and a bad key are not marked.
+var ErrUnavailable = errors.New("apiserver did not serve the key Secret")
+
+// unavailable keeps the apiserver's message and matches ErrUnavailable.
+type unavailable struct{ error }
+
+func (e unavailable) Unwrap() error      { return e.error }
+func (unavailable) Is(target error) bool { return target == ErrUnavailable }
+
 // Provider resolves credentials.
 type Provider interface {
 	Get(ctx context.Context, host *v1beta1.SSHHost) (Credentials, error)
@@ -50,7 +63,11 @@ func (p *provider) Get(ctx context.Context, host *v1beta1.SSHHost) (Credentials,
 		if apierrors.IsNotFound(err) {
 			return Credentials{}, fmt.Errorf("ssh key secret %s/%s not found", key.Namespace, key.Name)
 		}
-		return Credentials{}, fmt.Errorf("read ssh key secret %s/%s: %w", key.Namespace, key.Name, err)
+		err = fmt.Errorf("read ssh key secret %s/%s: %w", key.Namespace, key.Name, err)
+		if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+			return Credentials{}, err // the controller's RBAC or credentials: a setting to fix
+		}
+		return Credentials{}, unavailable{err}
 	}
 	pk := s.Data[KeyPrivateKey]
 	if len(pk) == 0 {

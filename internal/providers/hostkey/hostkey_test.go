@@ -5,14 +5,21 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
+	"errors"
+	"net"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/providers/hostkey"
@@ -84,6 +91,45 @@ func TestGet(t *testing.T) {
 			}
 			if err != nil || c.PinnedFingerprint != tc.wantFP || c.FromSecret != tc.fromSec {
 				t.Fatalf("got %+v %v", c, err)
+			}
+		})
+	}
+}
+
+// Which read failures are the apiserver's (ErrUnavailable: the caller asks
+// again, the host keeps its state) and which are settings to fix.
+func TestGetReadErrors(t *testing.T) {
+	gr := schema.GroupResource{Resource: "secrets"}
+	for _, tc := range []struct {
+		name        string
+		err         error
+		unavailable bool
+	}{
+		{"503", apierrors.NewServiceUnavailable("shutting down"), true},
+		{"500 etcd leader changed", apierrors.NewInternalError(errors.New("etcdserver: leader changed")), true},
+		{"504 server timeout", apierrors.NewTimeoutError("the server was unable to return a response", 0), true},
+		{"429 past client-go's retries", apierrors.NewTooManyRequests("throttled", 1), true},
+		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
+		{"context deadline", context.DeadlineExceeded, true},
+		{"forbidden: the controller's RBAC", apierrors.NewForbidden(gr, "key", errors.New("no get")), false},
+		{"unauthorized", apierrors.NewUnauthorized("token expired"), false},
+		{"not found", apierrors.NewNotFound(gr, "key"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithInterceptorFuncs(interceptor.Funcs{
+				Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error { return tc.err },
+			}).Build()
+			h := &v1beta1.SSHHost{ObjectMeta: metav1.ObjectMeta{Name: "h", Namespace: "kpssh-system"},
+				Spec: v1beta1.SSHHostSpec{SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"}}}
+			_, err := hostkey.New(c).Get(context.Background(), h)
+			if err == nil || !strings.Contains(err.Error(), "kpssh-system/key") {
+				t.Fatalf("err %v, want one naming the Secret", err)
+			}
+			if got := errors.Is(err, hostkey.ErrUnavailable); got != tc.unavailable {
+				t.Fatalf("errors.Is(%v, ErrUnavailable) = %v, want %v", err, got, tc.unavailable)
+			}
+			if !errors.Is(err, tc.err) && !apierrors.IsNotFound(tc.err) {
+				t.Fatalf("%v does not wrap %v", err, tc.err)
 			}
 		})
 	}
