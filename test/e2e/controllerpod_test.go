@@ -55,7 +55,11 @@ func controllerPod(w *world, _ *state) {
 	plain.image = img
 
 	w.ctrl.stop()
-	defer w.ctrl.start()
+	defer func() {
+		if w.ctrl.cmd == nil { // the scenario failed before starting it again
+			w.ctrl.start()
+		}
+	}()
 	rel := w.installChart(img)
 	defer rel.uninstall()
 	pod := rel.runningOn(plain.name, "the chart's controller pod Running and Ready on the foreign node "+plain.name)

@@ -549,6 +549,11 @@ func (c *controller) logExcerpt(n int) string {
 
 func (c *controller) start() {
 	c.t.Helper()
+	if c.cmd != nil {
+		// A second process would act beside the first and outlive the test.
+		c.t.Errorf("controller started while pid %d still runs (stop it first)", c.cmd.Process.Pid)
+		return
+	}
 	f, err := os.OpenFile(c.logPath(), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		c.t.Fatal(err)
