@@ -131,9 +131,7 @@ func priceConsolidation(w *world, _ *state) {
 	}
 	w.eventually(host.Name+" (large) left and Available", 2*time.Minute, func() (bool, string) {
 		h := w.sshHost(host.Name)
-		lp := h.Status.LastPhase
-		return h.Status.State == v1beta1.HostAvailable && lp != nil && lp.Phase == v1beta1.PhaseLeave && lp.Result == v1beta1.PhaseSucceeded,
-			fmt.Sprintf("%s, last phase %+v", h.Status.State, lp)
+		return leftAvailable(h), fmt.Sprintf("%s, last phase %+v", h.Status.State, h.Status.LastPhase)
 	})
 	if u := w.units(w.hostIndex(host.Name)); u != unitsLeft {
 		w.t.Errorf("%s after consolidation: units %q, want %q", host.Name, u, unitsLeft)

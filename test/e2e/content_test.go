@@ -215,9 +215,7 @@ func contentRole(w *world, _ *state) {
 	// Both leave through the local executor (a leave Job on a would stop
 	// the kubelet under its own pod), the content role's leave.
 	restart(withContent)
-	if out, _, err := w.hosts.Run(ai, "ctr -n k8s.io images rm "+img); err != nil {
-		w.t.Errorf("removing the image from %s: %v %s", a.Name, err, out)
-	}
+	removeImage(w, ai, img)
 	w.scale(0)
 	w.allLeft("content role: both hosts left")
 	for _, i := range []int{ai, bi} {

@@ -122,15 +122,13 @@ func controllerPod(w *world, _ *state) {
 	w.scale(0)
 	w.eventually(host.Name+" left by the pod's controller", 5*time.Minute, func() (bool, string) {
 		h := w.sshHost(host.Name)
-		lp := h.Status.LastPhase
 		n := 0
 		for _, c := range w.nodeClaims() {
 			if ownClaim(&c) {
 				n++
 			}
 		}
-		return n == 0 && h.Status.State == v1beta1.HostAvailable && lp != nil && lp.Phase == v1beta1.PhaseLeave && lp.Result == v1beta1.PhaseSucceeded,
-			fmt.Sprintf("%d NodeClaims; %s %s, last phase %+v", n, host.Name, h.Status.State, lp)
+		return n == 0 && leftAvailable(h), fmt.Sprintf("%d NodeClaims; %s %s, last phase %+v", n, host.Name, h.Status.State, h.Status.LastPhase)
 	})
 	if u := w.units(w.hostIndex(host.Name)); u != unitsLeft {
 		w.t.Errorf("%s after the leave: units %q, want %q", host.Name, u, unitsLeft)
@@ -245,9 +243,7 @@ func (n *handJoined) leave() {
 	}
 	n.done = true
 	if n.image != "" {
-		if out, _, err := n.w.hosts.Run(n.i, "ctr -n k8s.io images rm "+n.image); err != nil {
-			n.w.t.Errorf("removing image %s from %s: %v %s", n.image, n.name, err, out)
-		}
+		removeImage(n.w, n.i, n.image)
 	}
 	n.run(engine.PhaseLeave)
 	n.w.mustKubectl("delete", "node", n.name, "--ignore-not-found", "--wait=true", "--timeout=2m")

@@ -306,6 +306,13 @@ func timeline(c *karpv1.NodeClaim) string {
 	return "created → " + strings.Join(parts, ", ")
 }
 
+// leftAvailable: host h is back in the pool after a leave that succeeded
+// (Available, no claim, last phase a succeeded leave).
+func leftAvailable(h *v1beta1.SSHHost) bool {
+	lp := h.Status.LastPhase
+	return h.Status.State == v1beta1.HostAvailable && h.Status.ClaimRef == nil && lp != nil && lp.Phase == v1beta1.PhaseLeave && lp.Result == v1beta1.PhaseSucceeded
+}
+
 // gone waits until no NodeClaim and no Node is left and every host is
 // Available with kubelet and containerd disabled and no token Secret left.
 func (w *world) allLeft(what string) { w.t.Helper(); w.allLeftBut(what, "") }

@@ -237,9 +237,7 @@ type jobWorld struct {
 func (j *jobWorld) down(w *world) {
 	w.t.Helper()
 	w.restartController(j.local)
-	if out, _, err := w.hosts.Run(w.hostIndex(j.node), "ctr -n k8s.io images rm "+j.img); err != nil {
-		w.t.Errorf("removing the image from %s: %v %s", j.node, err, out)
-	}
+	removeImage(w, w.hostIndex(j.node), j.img)
 	w.mustKubectl("delete", "namespace", j.ns, "--wait=false")
 	(&crashRig{world: w}).release()
 }
@@ -306,6 +304,15 @@ func controllerImage(w *world) string {
 		w.t.Fatalf("hack/runner-image.sh --controller printed %q last", ref)
 	}
 	return ref
+}
+
+// removeImage removes the image from host i's containerd (before its leave
+// stops containerd).
+func removeImage(w *world, i int, ref string) {
+	w.t.Helper()
+	if out, _, err := w.hosts.Run(i, "ctr -n k8s.io images rm "+ref); err != nil {
+		w.t.Errorf("removing image %s from %s: %v %s", ref, w.hosts.Host(i).Name, err, out)
+	}
 }
 
 // importImage copies the image into host i's containerd (namespace k8s.io,

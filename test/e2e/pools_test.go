@@ -249,9 +249,7 @@ func staticPool(w *world, _ *state) {
 			return false, fmt.Sprintf("claim %s is not one of the first two", now[0].Name)
 		}
 		h := w.sshHost(left)
-		lp := h.Status.LastPhase
-		return h.Status.State == v1beta1.HostAvailable && h.Status.ClaimRef == nil && lp != nil && lp.Phase == v1beta1.PhaseLeave && lp.Result == v1beta1.PhaseSucceeded,
-			fmt.Sprintf("%s: %s, last phase %+v", left, h.Status.State, lp)
+		return leftAvailable(h), fmt.Sprintf("%s: %s, last phase %+v", left, h.Status.State, h.Status.LastPhase)
 	})
 	w.t.Logf("replicas 1: %s left %v after the patch, %s stays joined", left, time.Since(start).Round(100*time.Millisecond), kept)
 	if u := w.units(w.hostIndex(left)); u != unitsLeft {
