@@ -306,7 +306,7 @@ func (c *CloudProvider) joinToken(ctx context.Context, nodeClaim *karpv1.NodeCla
 		})
 		return err
 	}
-	for range token.MintAttempts {
+	for range 3 {
 		tok, err := c.Tokens.Draw()
 		if err != nil {
 			return token.Token{}, h, mintFailed(err)
@@ -335,7 +335,7 @@ func (c *CloudProvider) joinToken(ctx context.Context, nodeClaim *karpv1.NodeCla
 		}
 		return tok, h, nil
 	}
-	return token.Token{}, h, mintFailed(fmt.Errorf("bootstrap token ids taken %d times in a row", token.MintAttempts))
+	return token.Token{}, h, mintFailed(errors.New("bootstrap token ids taken 3 times in a row"))
 }
 
 func secretValues(m map[string]string) []string {

@@ -34,10 +34,9 @@ const (
 	// runbook tells operators to look for it.
 	DescriptionPrefix = "karpenter-provider-ssh nodeclaim "
 
-	// MintAttempts bounds id-collision retries (Mint's, and any caller's
-	// that draws and creates itself). 36^6 ids make even one collision
-	// unlikely; several in a row mean something else is wrong.
-	MintAttempts = 5
+	// mintAttempts bounds id-collision retries. 36^6 ids make even one
+	// collision unlikely; several in a row mean something else is wrong.
+	mintAttempts = 5
 )
 
 // ErrMalformedID marks an id that cannot name a bootstrap token. Callers
@@ -117,7 +116,7 @@ type provider struct {
 }
 
 func (p *provider) Mint(ctx context.Context, nodeClaimName string) (Token, error) {
-	for range MintAttempts {
+	for range mintAttempts {
 		tok, err := p.Draw()
 		if err != nil {
 			return Token{}, err
@@ -126,7 +125,7 @@ func (p *provider) Mint(ctx context.Context, nodeClaimName string) (Token, error
 			return tok, err
 		}
 	}
-	return Token{}, fmt.Errorf("create bootstrap token: %d id collisions in a row", MintAttempts)
+	return Token{}, fmt.Errorf("create bootstrap token: %d id collisions in a row", mintAttempts)
 }
 
 func (p *provider) Create(ctx context.Context, tok Token, nodeClaimName string) error {

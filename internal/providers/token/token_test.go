@@ -136,7 +136,7 @@ func TestMintIDCollision(t *testing.T) {
 		wantCalls int
 	}{
 		{"retries with a new id", []string{taken, free}, "bbbbbb", 2},
-		{"gives up after a bounded number of tries", []string{taken}, "", MintAttempts},
+		{"gives up after a bounded number of tries", []string{taken}, "", mintAttempts},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fakeClient(nil, theirs.DeepCopy())
