@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -130,44 +129,21 @@ type fakeTokens struct {
 	live    map[string]bool
 	deleted []string
 	mintErr error
-	// onCreate, if set, runs as a token's Secret is created (under mu).
-	onCreate func(token.Token)
-	// taken ids already name someone else's Secret.
-	taken map[string]bool
 }
 
-func (f *fakeTokens) Draw() (token.Token, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.n++
-	return token.Token{ID: []string{"aaaaaa", "bbbbbb", "cccccc", "dddddd"}[f.n%4], Secret: "0123456789abcdef"}, nil
-}
-
-func (f *fakeTokens) Create(_ context.Context, tok token.Token, _ string) error {
+func (f *fakeTokens) Mint(_ context.Context, _ string) (token.Token, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.mintErr != nil {
-		return f.mintErr
+		return token.Token{}, f.mintErr
 	}
-	if f.taken[tok.ID] {
-		return fmt.Errorf("create bootstrap token %s: %w", tok.ID, token.ErrIDTaken)
-	}
+	f.n++
+	id := []string{"aaaaaa", "bbbbbb", "cccccc", "dddddd"}[f.n%4]
 	if f.live == nil {
 		f.live = map[string]bool{}
 	}
-	f.live[tok.ID] = true
-	if f.onCreate != nil {
-		f.onCreate(tok)
-	}
-	return nil
-}
-
-func (f *fakeTokens) Mint(ctx context.Context, name string) (token.Token, error) {
-	tok, err := f.Draw()
-	if err != nil {
-		return tok, err
-	}
-	return tok, f.Create(ctx, tok, name)
+	f.live[id] = true
+	return token.Token{ID: id, Secret: "0123456789abcdef"}, nil
 }
 
 func (f *fakeTokens) Delete(_ context.Context, id string) error {
@@ -432,53 +408,6 @@ func TestCreateRecordsTokenBeforeJoin(t *testing.T) {
 	if marker != "uid-a" {
 		t.Fatalf("join marker %q when join ran, want the claim's UID", marker)
 	}
-}
-
-// The token id is on the host before its Secret exists: a crash between
-// the Secret's creation and the record (CrashResumeRoles once killed the
-// resumed controller there, and the token outlived every claim) cannot
-// leave a Secret no host names. A taken id is forgotten, never deleted;
-// a Secret made after the token GC collected the id is deleted.
-func TestCreateRecordsTokenBeforeItsSecret(t *testing.T) {
-	t.Run("recorded first", func(t *testing.T) {
-		w := newWorld(t, nil, standard(newHost("h1", "small"))...)
-		var at []string
-		w.tok.onCreate = func(tok token.Token) { at = append(at, tok.ID+"@"+w.host(t, "h1").Status.BootstrapTokenID) }
-		if _, err := w.cp.Create(context.Background(), newNodeClaim("a")); err != nil {
-			t.Fatal(err)
-		}
-		if len(at) != 1 || at[0] != "bbbbbb@bbbbbb" {
-			t.Fatalf("token Secret created with the host naming %v, want bbbbbb@bbbbbb", at)
-		}
-	})
-	t.Run("taken id forgotten, not deleted", func(t *testing.T) {
-		w := newWorld(t, nil, standard(newHost("h1", "small"))...)
-		w.tok.taken = map[string]bool{"bbbbbb": true}
-		if _, err := w.cp.Create(context.Background(), newNodeClaim("a")); err != nil {
-			t.Fatal(err)
-		}
-		join := w.ph.calls[len(w.ph.calls)-1].Ctx.BootstrapToken
-		if !strings.HasPrefix(join, "cccccc.") || slices.Contains(w.tok.deleted, "bbbbbb") {
-			t.Fatalf("joined with %q, deleted %v: want the next id, the taken one untouched", join, w.tok.deleted)
-		}
-	})
-	t.Run("collected by the token GC meanwhile", func(t *testing.T) {
-		w := newWorld(t, nil, standard(newHost("h1", "small"))...)
-		w.tok.onCreate = func(token.Token) {
-			h := w.host(t, "h1")
-			orig := h.DeepCopy()
-			h.Status.BootstrapTokenID = ""
-			if err := w.c.Status().Patch(context.Background(), h, client.MergeFrom(orig)); err != nil {
-				t.Error(err)
-			}
-		}
-		if _, err := w.cp.Create(context.Background(), newNodeClaim("a")); err != nil {
-			t.Fatal(err)
-		}
-		if w.tok.leaked() != 0 || !slices.Contains(w.tok.deleted, "bbbbbb") {
-			t.Fatalf("live tokens %v, deleted %v: the Secret nobody names must go", w.tok.live, w.tok.deleted)
-		}
-	})
 }
 
 func TestCreateSkipsInstallWhenMarkerCurrent(t *testing.T) {

@@ -23,7 +23,6 @@ import (
 	"github.com/dklesev/kpssh/internal/engine"
 	"github.com/dklesev/kpssh/internal/providers/instancetype"
 	"github.com/dklesev/kpssh/internal/providers/pool"
-	"github.com/dklesev/kpssh/internal/providers/token"
 )
 
 // UnregisteredTaint is the first taint every joining kubelet registers with:
@@ -258,9 +257,18 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	if err := c.previousNodeGone(ctx, h, pc.NodeName); err != nil {
 		return nil, err // retry, keep the claim
 	}
-	tok, h, err := c.joinToken(ctx, nodeClaim, h, claim, fail)
+	tok, err := c.Tokens.Mint(ctx, nodeClaim.Name)
 	if err != nil {
-		return nil, err
+		return nil, fail(failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: "mint bootstrap token: " + err.Error()})
+	}
+	// Record the id before the join: whatever happens next, the token is
+	// findable (and deletable) from the host. The join marker goes with it:
+	// the token GC clears the id once the Node registers, the marker stays.
+	if h, err = c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {
+		h.Status.BootstrapTokenID, h.Status.JoinClaimUID = tok.ID, claim.UID
+	}); err != nil {
+		_ = c.Tokens.Delete(ctx, tok.ID)
+		return nil, c.lost(ctx, nodeClaim, err)
 	}
 	pc.BootstrapToken = tok.String()
 	redact = append(redact, tok.String(), tok.Secret)
@@ -287,55 +295,6 @@ func (c *CloudProvider) launch(ctx context.Context, nodeClaim *karpv1.NodeClaim,
 	}
 	log.FromContext(ctx).Info("host joined", "providerID", providerID)
 	return c.hydrate(nodeClaim, h, it, nc), nil
-}
-
-// joinToken mints the join's bootstrap token with its id recorded on the
-// host before its Secret exists: a crash at any point leaves no Secret the
-// host does not name (the resume, the release and the token GC delete by
-// the recorded id; one whose Secret never came deletes as NotFound). The
-// join marker goes with the id: the token GC clears the id once the Node
-// registers, the marker stays. A taken id (someone else's Secret) is
-// forgotten before the next is drawn, so nothing of ours deletes it.
-func (c *CloudProvider) joinToken(ctx context.Context, nodeClaim *karpv1.NodeClaim, h *v1beta1.SSHHost, claim pool.Claim, fail func(failure) error) (token.Token, *v1beta1.SSHHost, error) {
-	mintFailed := func(err error) error {
-		return fail(failure{event: ReasonCreateFailed, state: v1beta1.HostAvailable, msg: "mint bootstrap token: " + err.Error()})
-	}
-	record := func(id string) (err error) {
-		h, err = c.Pool.Update(ctx, h.Name, claim, func(h *v1beta1.SSHHost) {
-			h.Status.BootstrapTokenID, h.Status.JoinClaimUID = id, claim.UID
-		})
-		return err
-	}
-	for range 3 {
-		tok, err := c.Tokens.Draw()
-		if err != nil {
-			return token.Token{}, h, mintFailed(err)
-		}
-		if err := record(tok.ID); err != nil {
-			return token.Token{}, h, c.lost(ctx, nodeClaim, err)
-		}
-		err = c.Tokens.Create(ctx, tok, nodeClaim.Name)
-		if errors.Is(err, token.ErrIDTaken) {
-			if err := record(""); err != nil {
-				return token.Token{}, h, c.lost(ctx, nodeClaim, err)
-			}
-			continue
-		}
-		if err != nil {
-			return token.Token{}, h, mintFailed(err)
-		}
-		// The token GC may have collected the id between the record and
-		// the Secret (a resumed claim whose Node had registered): then the
-		// Secret is nobody's. Its kubelet holds a certificate; the join
-		// goes on with a token that no longer authenticates.
-		if cur, err := c.heldBy(ctx, claim); err == nil && (cur == nil || cur.Status.BootstrapTokenID != tok.ID) {
-			if err := c.Tokens.Delete(ctx, tok.ID); err != nil {
-				return token.Token{}, h, err
-			}
-		}
-		return tok, h, nil
-	}
-	return token.Token{}, h, mintFailed(errors.New("bootstrap token ids taken 3 times in a row"))
 }
 
 func secretValues(m map[string]string) []string {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/dklesev/kpssh/apis/v1beta1"
 	"github.com/dklesev/kpssh/internal/engine"
-	"github.com/dklesev/kpssh/internal/providers/token"
 )
 
 // errCrash stands for the process dying at a status write: the write never
@@ -134,70 +133,5 @@ func TestCreateWaitsForThePreviousNodeGone(t *testing.T) {
 	}
 	if h := w.get(t, name); h.Status.State != v1beta1.HostInUse {
 		t.Fatalf("host after the Create: %+v, want InUse", h.Status)
-	}
-}
-
-// crashAfterCreate is the real token provider whose process dies right
-// after a token's Secret is created: nothing after it runs.
-type crashAfterCreate struct{ token.Provider }
-
-func (c crashAfterCreate) Create(ctx context.Context, tok token.Token, name string) error {
-	if err := c.Provider.Create(ctx, tok, name); err != nil {
-		return err
-	}
-	panic(errCrash)
-}
-
-// The process dies right after the join token's Secret is created (CI's
-// CrashResumeRoles killed a resumed controller about there, and the token
-// outlived every claim). Real Secrets on the real apiserver: the resumed
-// Create deletes the token the crashed one made (the host named it before
-// it existed) and mints its own; once the claim is deleted no token of
-// it is left.
-func TestCrashAtTheTokenSecretLeavesNoToken(t *testing.T) {
-	ctx := context.Background()
-	w := identityWorld(t, "token-crash", v1beta1.ProviderIDStatic)
-	w.host(t, "h1", "10.69.3.1")
-	claim := w.claim(t, w.ns+"-a")
-	tokens := token.New(env.Client)
-	ours := func() []string {
-		l := &corev1.SecretList{}
-		if err := env.Client.List(ctx, l, client.InNamespace(token.Namespace)); err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, s := range l.Items {
-			if string(s.Data["description"]) == token.DescriptionPrefix+claim.Name {
-				out = append(out, string(s.Data["token-id"]))
-			}
-		}
-		return out
-	}
-	w.cp.Tokens = crashAfterCreate{tokens}
-	func() {
-		defer func() {
-			if r := recover(); r != errCrash {
-				t.Fatalf("Create did not reach the crash: %v", r)
-			}
-		}()
-		_, _ = w.cp.Create(ctx, claim)
-	}()
-	first := ours()
-	if h := w.get(t, "h1"); len(first) != 1 || h.Status.BootstrapTokenID != first[0] {
-		t.Fatalf("at the crash: tokens %v, host names %q: want the one token, named", first, h.Status.BootstrapTokenID)
-	}
-	w.cp.Tokens = tokens
-	if _, err := w.cp.Create(ctx, claim); err != nil {
-		t.Fatalf("the resumed Create: %v", err)
-	}
-	after := ours()
-	if h := w.get(t, "h1"); len(after) != 1 || after[0] == first[0] || h.Status.BootstrapTokenID != after[0] {
-		t.Fatalf("after the resume: tokens %v (crashed one %s), host names %q: want only the resumed Create's", after, first[0], h.Status.BootstrapTokenID)
-	}
-	if err := w.cp.Delete(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
-	if left := ours(); len(left) != 0 {
-		t.Fatalf("tokens of claim %s after its Delete: %v", claim.Name, left)
 	}
 }

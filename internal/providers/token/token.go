@@ -79,21 +79,10 @@ func (t Token) MarshalLog() any { return t.Redacted() }
 // MarshalJSON keeps the secret half out of anything serialized.
 func (t Token) MarshalJSON() ([]byte, error) { return json.Marshal(t.Redacted()) }
 
-// ErrIDTaken: a Secret with the drawn id exists already (someone else's):
-// draw another.
-var ErrIDTaken = errors.New("bootstrap token id already taken")
-
 // Provider mints and deletes tokens.
 type Provider interface {
-	// Draw returns a fresh random token; nothing is created. Its id can be
-	// recorded before its Secret exists (Create): a crash between the two
-	// then leaves no Secret that nothing names.
-	Draw() (Token, error)
-	// Create makes tok's Secret bootstrap-token-<id> in kube-system for one
-	// NodeClaim's join; ErrIDTaken when that Secret exists. Errors never
-	// hold the secret.
-	Create(ctx context.Context, tok Token, nodeClaimName string) error
-	// Mint is Draw and Create, drawing again while the id is taken.
+	// Mint creates Secret bootstrap-token-<id> in kube-system for one
+	// NodeClaim's join and returns the token. Errors never hold the secret.
 	Mint(ctx context.Context, nodeClaimName string) (Token, error)
 	// Delete removes the token's Secret; a missing Secret is success, an
 	// empty id a no-op, a malformed id an error wrapping ErrMalformedID.
@@ -116,34 +105,27 @@ type provider struct {
 }
 
 func (p *provider) Mint(ctx context.Context, nodeClaimName string) (Token, error) {
+	if nodeClaimName == "" {
+		return Token{}, errors.New("mint bootstrap token: empty NodeClaim name")
+	}
 	for range mintAttempts {
-		tok, err := p.Draw()
+		tok, err := p.newToken()
 		if err != nil {
 			return Token{}, err
 		}
-		if err := p.Create(ctx, tok, nodeClaimName); !errors.Is(err, ErrIDTaken) {
-			return tok, err
+		err = p.c.Create(ctx, Secret(tok, nodeClaimName, p.clock.Now()))
+		if err == nil {
+			return tok, nil
 		}
+		if apierrors.IsAlreadyExists(err) {
+			continue // someone holds this id: draw another
+		}
+		return Token{}, fmt.Errorf("create bootstrap token %s: %w", tok.ID, redactErr{err: err, secret: tok.Secret})
 	}
 	return Token{}, fmt.Errorf("create bootstrap token: %d id collisions in a row", mintAttempts)
 }
 
-func (p *provider) Create(ctx context.Context, tok Token, nodeClaimName string) error {
-	if nodeClaimName == "" {
-		return errors.New("mint bootstrap token: empty NodeClaim name")
-	}
-	err := p.c.Create(ctx, Secret(tok, nodeClaimName, p.clock.Now()))
-	switch {
-	case err == nil:
-		return nil
-	case apierrors.IsAlreadyExists(err):
-		return fmt.Errorf("create bootstrap token %s: %w", tok.ID, ErrIDTaken)
-	default:
-		return fmt.Errorf("create bootstrap token %s: %w", tok.ID, redactErr{err: err, secret: tok.Secret})
-	}
-}
-
-func (p *provider) Draw() (Token, error) {
+func (p *provider) newToken() (Token, error) {
 	s, err := p.generate()
 	if err != nil {
 		return Token{}, fmt.Errorf("generate bootstrap token: %w", err)
