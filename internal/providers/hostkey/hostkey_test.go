@@ -117,7 +117,9 @@ func TestGetReadErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithInterceptorFuncs(interceptor.Funcs{
-				Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error { return tc.err },
+				Get: func(context.Context, client.WithWatch, client.ObjectKey, client.Object, ...client.GetOption) error {
+					return tc.err
+				},
 			}).Build()
 			h := &v1beta1.SSHHost{ObjectMeta: metav1.ObjectMeta{Name: "h", Namespace: "kpssh-system"},
 				Spec: v1beta1.SSHHostSpec{SSHKeySecretRef: v1beta1.LocalObjectReference{Name: "key"}}}
